@@ -1,0 +1,72 @@
+"""Byte sizes: one table of units, parsing of user text, rendering.
+
+"24GB" means 24 * 10**9 bytes and "24GiB" means 24 * 2**30 bytes; the two are never confused. A bare number is
+bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from memfit.errors import UsageError
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": TiB,
+    "k": KiB,  # the PyTorch allocator's own convention (max_split_size_mb etc. are binary)
+    "m": MiB,
+    "g": GiB,
+}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Parse a size such as ``"24GiB"``, ``"12 GB"``, ``"512MiB"`` or ``1024`` into bytes.
+
+    Example:
+        >>> parse_bytes("1.5GiB")
+        1610612736
+    """
+    if isinstance(text, bool):
+        raise UsageError(f"a size must be a number of bytes or a string like '24GiB', got {text!r}")
+    if isinstance(text, (int, float)):
+        if text <= 0:
+            raise UsageError(f"a size must be positive, got {text!r}. Example: 24GiB.")
+        return int(text)
+    match = _SIZE.match(str(text))
+    if match is None:
+        raise UsageError(
+            f"cannot read the size {text!r}: write a positive number and a unit, e.g. 24GiB (2^30 bytes) "
+            "or 24GB (10^9 bytes)."
+        )
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit not in _UNITS:
+        raise UsageError(f"unknown unit {match.group(2)!r} in {text!r}: use B, KB, MB, GB, KiB, MiB or GiB.")
+    value = int(round(number * _UNITS[unit]))
+    if value <= 0:
+        raise UsageError(f"a size must be positive, got {text!r}. Example: 24GiB.")
+    return value
+
+
+def format_bytes(n: int | float, *, signed: bool = False) -> str:
+    """Render bytes with a binary unit: ``format_bytes(3 * 2**30) == '3.00 GiB'``."""
+    sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
+    n = abs(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"
