@@ -1,0 +1,115 @@
+"""Every private or semi-private PyTorch API memfit uses, in one place, behind a version check.
+
+If a torch release moves one of these, this is the only module to change. Checked on torch 2.11, 2.13 and 2.14.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memfit.errors import MemfitError
+
+MIN_TORCH = (2, 4)
+
+
+def torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+if torch_version() < MIN_TORCH:  # pragma: no cover - depends on the installed torch
+    raise MemfitError(
+        f"memfit needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (FakeTensorMode, autocast dispatch keys), "
+        f"found {torch.__version__}. Upgrade with: pip install -U torch"
+    )
+
+# Fake tensors: shapes, dtypes and storages without data.
+from torch._subclasses.fake_tensor import (  # noqa: E402
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
+
+__all__ = [
+    "DataDependentOutputException",
+    "DynamicOutputShapeException",
+    "FakeTensor",
+    "FakeTensorMode",
+    "TorchDispatchMode",
+    "UnsupportedOperatorException",
+    "WeakIdKeyDictionary",
+    "all_op_names",
+    "has_kernel",
+    "exclude_dispatch_key",
+    "override_library",
+    "record_memory_history",
+    "memory_snapshot",
+]
+
+
+def all_op_names() -> list[str]:
+    """Every registered operator, as ``aten::name.overload``."""
+    return list(torch._C._dispatch_get_all_op_names())
+
+
+def has_kernel(op_name: str, dispatch_key: str) -> bool:
+    """Whether ``op_name`` has its own kernel (not a fallback) for ``dispatch_key``."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op_name, dispatch_key))
+
+
+def exclude_dispatch_key(key_name: str) -> torch._C._ExcludeDispatchKeyGuard:
+    """A guard that skips ``key_name`` (e.g. ``AutocastCPU``) for the ops called inside it."""
+    key = getattr(torch._C.DispatchKey, key_name)
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key))
+
+
+class override_library:
+    """Temporarily override kernels of existing operators; everything is undone on exit.
+
+    ``torch.library.Library(..., "IMPL")`` is public, but undoing it needs ``Library._destroy``.
+    """
+
+    def __init__(self, namespace: str = "aten") -> None:
+        self.namespace = namespace
+        self.lib: torch.library.Library | None = None
+
+    def __enter__(self) -> torch.library.Library:
+        import warnings
+
+        # Overriding aten kernels warns once per kernel; these overrides are intended and scoped.
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+        self.lib = torch.library.Library(self.namespace, "IMPL")
+        return self.lib
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lib is not None:
+            self.lib._destroy()
+            self.lib = None
+
+
+fallthrough_kernel = torch.library.fallthrough_kernel
+
+
+def record_memory_history(enabled: bool, max_entries: int = 1_000_000) -> None:
+    """Start or stop the CUDA caching allocator's trace (``torch.cuda.memory._record_memory_history``)."""
+    if enabled:
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    else:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def memory_snapshot() -> dict:
+    """The allocator's segments and trace, as pytorch.org/memory_viz reads them."""
+    return torch.cuda.memory._snapshot()
+
+
+def autocast_header_path() -> str:
+    """The installed ``ATen/autocast_mode.h``: its macros list CUDA autocast's op policies."""
+    import os
+
+    return os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "autocast_mode.h")

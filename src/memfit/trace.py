@@ -1,0 +1,257 @@
+"""Trace a training step on fake tensors: the ordered stream of storage allocations and frees.
+
+A ``TorchDispatchMode`` sits above ``FakeTensorMode`` and sees every ATen op below autograd and autocast — the
+casts, the saved activations, every backward op, the optimizer's foreach temporaries. Each new storage becomes an
+allocation event; a ``weakref.finalize`` on the storage emits the free at the moment the last reference goes, as
+the CUDA caching allocator would see it. No tensor data is ever allocated, so a 3-D U-Net at 128^3 traces in a
+few hundred MB of host memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from memfit import _torch_private as tp
+from memfit.cuda_emulation import CudaSemantics
+from memfit.errors import TraceError, WorkloadError
+from memfit.gpus import GpuSpec
+from memfit.protocol import DEFAULT_STEPS, build, run_steps
+from memfit.workload import Workload
+
+log = logging.getLogger(__name__)
+
+CATEGORIES = (
+    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
+)
+
+# ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
+_CUBLAS_OPS = frozenset(
+    "mm addmm bmm baddbmm addbmm mv addmv dot vdot _addmm_activation addr _scaled_mm".split()
+)
+
+
+@dataclass
+class Alloc:
+    """One storage allocation seen in the trace."""
+
+    nbytes: int
+    op: str
+    module: str
+    phase: str
+    step: int
+    shape: tuple[int, ...]
+    dtype: str
+    category: str
+
+
+@dataclass
+class Trace:
+    """The allocation/free stream of one traced protocol run."""
+
+    ops: list[int] = field(default_factory=list)  # +1 alloc, -1 free
+    keys: list[int] = field(default_factory=list)  # index into allocs
+    allocs: list[Alloc] = field(default_factory=list)
+    phase_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (event index, phase, step)
+    warnings: list[str] = field(default_factory=list)
+    param_count: int = 0
+
+    def events(self) -> list[tuple[int, int, int]]:
+        """(op, key, requested bytes) triples for the allocator simulator."""
+        allocs = self.allocs
+        return [(o, k, allocs[k].nbytes if o > 0 else 0) for o, k in zip(self.ops, self.keys)]
+
+    def phase_at(self, index: int) -> tuple[str, int]:
+        phase, step = "init", 0
+        for at, name, s in self.phase_marks:
+            if at > index:
+                break
+            phase, step = name, s
+        return phase, step
+
+
+class _Recorder(tp.TorchDispatchMode):
+    def __init__(self, gpu: GpuSpec) -> None:
+        super().__init__()
+        self.gpu = gpu
+        self.trace = Trace()
+        self._live: Any = tp.WeakIdKeyDictionary()
+        self.phase, self.step = "init", 0
+        self.module_stack: list[str] = []
+        self.module_names: dict[int, str] = {}
+        self._workspace_threads: set[str] = set()
+        self._warned_item = False
+
+    # ------------------------------------------------------------------ events
+    def set_phase(self, name: str, step: int) -> None:
+        self.phase, self.step = name, step
+        if name != "backward":
+            self.module_stack.clear()
+        self.trace.phase_marks.append((len(self.trace.ops), name, step))
+
+    def _default_category(self) -> str:
+        if self.phase == "data":
+            return "data"
+        if self.phase in ("forward", "loss"):
+            return "activations"
+        if self.phase == "backward" and self.module_stack:
+            return "activations"  # recomputation of checkpointed modules
+        return "temporaries"
+
+    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: str | None = None) -> int:
+        key = len(self.trace.allocs)
+        module = self.module_stack[-1] if self.module_stack else ("(loss)" if self.phase == "loss" else "")
+        self.trace.allocs.append(
+            Alloc(nbytes, op, module, self.phase, self.step, shape, dtype, category or self._default_category())
+        )
+        self.trace.ops.append(1)
+        self.trace.keys.append(key)
+        return key
+
+    def _free(self, key: int) -> None:
+        self.trace.ops.append(-1)
+        self.trace.keys.append(key)
+
+    def track(self, t: torch.Tensor, op: str) -> None:
+        st = t.untyped_storage()
+        if st in self._live:
+            return
+        key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        self._live[st] = key
+        weakref.finalize(st, self._free, key)
+
+    def mark(self, t: torch.Tensor | None, category: str) -> None:
+        if t is None:
+            return
+        key = self._live.get(t.untyped_storage())
+        if key is not None:
+            self.trace.allocs[key].category = category
+
+    # ---------------------------------------------------------- dispatch hook
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[-1]
+        if name in _CUBLAS_OPS:
+            self._maybe_cublas_workspace()
+        try:
+            out = func(*args, **kwargs)
+        except tp.DataDependentOutputException:
+            if name != "_local_scalar_dense":
+                raise
+            out = self._data_dependent_scalar(args[0])
+        except tp.DynamicOutputShapeException as exc:
+            raise TraceError(
+                f"the step calls {name}, whose output size depends on tensor values, which fake tensors do not "
+                f"have. Move it out of the training step (e.g. precompute indices in the batch)."
+            ) from exc
+        except tp.UnsupportedOperatorException as exc:
+            raise TraceError(
+                f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit cannot "
+                "trace it without running it for real. Use `memfit measure` on a GPU for this model."
+            ) from exc
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.track(t, name)
+        return out
+
+    def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
+        # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
+        if not self._warned_item and self.phase != "optimizer":
+            self._warned_item = True
+            msg = (
+                "the step reads a tensor value with .item() or similar; fake tensors have none, so memfit used 0. "
+                "Memory is right unless control flow depends on that value."
+            )
+            self.trace.warnings.append(msg)
+            log.warning(msg)
+        if t.dtype == torch.bool:
+            return False
+        return 0 if not t.is_floating_point() else 0.0
+
+    def _maybe_cublas_workspace(self) -> None:
+        # cuBLAS keeps one workspace per (handle, stream); handles are per thread and CUDA's autograd engine runs
+        # backward on its own device thread, so forward and backward each get one (aten/src/ATen/cuda/
+        # CublasHandlePool.cpp). The size is per GPU architecture (GpuSpec.cublas_workspace_bytes).
+        thread = "backward" if self.phase == "backward" else "main"
+        if thread in self._workspace_threads or self.gpu.cublas_workspace_bytes <= 0:
+            return
+        self._workspace_threads.add(thread)
+        self._alloc(self.gpu.cublas_workspace_bytes, "cublas_workspace", (), "uint8", "workspaces")
+
+    # ----------------------------------------------------- module attribution
+    def pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self.module_stack.append(self.module_names.get(id(module), type(module).__name__))
+
+    def post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.module_stack:
+            self.module_stack.pop()
+
+
+def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STEPS) -> Trace:
+    """Run the protocol of ``workload`` on fake CPU tensors with CUDA semantics and return its event stream."""
+    recorder = _Recorder(gpu)
+    fake_mode = tp.FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(recorder.pre_forward),
+        torch.nn.modules.module.register_module_forward_hook(recorder.post_forward),
+    ]
+    try:
+        with fake_mode, recorder, CudaSemantics():
+            try:
+                model, optimizer, batch = build(
+                    workload, "cpu", configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase
+                )
+            except (TraceError, WorkloadError):
+                raise
+            except Exception as exc:
+                raise WorkloadError(f"building the model, optimizer or batch failed: {type(exc).__name__}: {exc}") from exc
+            _register_model(recorder, model, optimizer)
+            scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
+            try:
+                run_steps(
+                    workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
+                    phase=lambda name, step: _on_phase(recorder, optimizer, name, step),
+                )
+            except (TraceError, WorkloadError):
+                raise
+            except Exception as exc:
+                raise TraceError(
+                    f"the training step failed under fake tensors: {type(exc).__name__}: {exc}"
+                ) from exc
+            del model, optimizer, batch, scaler
+    finally:
+        for h in hooks:
+            h.remove()
+    return recorder.trace
+
+
+def _cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    # torch.optim picks foreach on CUDA when the user sets neither foreach nor fused, but fake tensors fail its
+    # type check and would silently get the for-loop path, which has different temporaries.
+    for group in optimizer.param_groups:
+        if "foreach" in group and group.get("foreach") is None and not group.get("fused"):
+            group["foreach"] = True
+
+
+def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    recorder.module_names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
+    for p in model.parameters():
+        recorder.mark(p, "params")
+        recorder.trace.param_count += p.numel()
+        p.register_post_accumulate_grad_hook(lambda p: recorder.mark(p.grad, "grads"))
+    for b in model.buffers():
+        recorder.mark(b, "buffers")
+
+
+def _on_phase(recorder: _Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
+    if recorder.phase == "optimizer":
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    recorder.mark(value, "optimizer_state")
+    recorder.set_phase(name, step)

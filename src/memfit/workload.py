@@ -1,0 +1,156 @@
+"""How a user describes one training step: the ``Workload``.
+
+A workload is a recipe, not a set of tensors: factories for the model, the batch and the optimizer, so memfit can
+build the step on fake tensors (``estimate``), on a real GPU (``measure``), or at another batch size or precision
+(``explain``, ``plan``) without the user writing it twice.
+
+Example (a file ``my_step.py`` that ``memfit estimate my_step.py`` loads)::
+
+    import torch, memfit
+    workload = memfit.Workload(
+        model=lambda: torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)),
+        batch=lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,))),
+        loss=lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        batch_size=64,
+        precision="bf16",
+    )
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from memfit.errors import WorkloadError
+
+if TYPE_CHECKING:
+    import torch
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+
+
+def _default_forward(model: Any, batch: Any) -> Any:
+    """``model(batch[0])`` for tuple/list batches, ``model(batch)`` for a lone tensor or a dict."""
+    if isinstance(batch, (tuple, list)):
+        return model(batch[0])
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One training step, described by factories.
+
+    Tensors made by ``model`` and ``batch`` must not name a device: memfit creates them on the device it simulates
+    or measures (fake tensors for an estimate, the GPU for a measurement).
+    """
+
+    model: Callable[[], torch.nn.Module]
+    """Builds the model with fresh (random) weights. Called inside memfit's device context."""
+    batch: Callable[[int], Any]
+    """Takes the batch size, returns the batch: a tensor, a tuple/list or a dict of tensors."""
+    loss: Callable[[Any, Any], torch.Tensor]
+    """``loss(output, batch) -> scalar tensor``."""
+    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    """Takes the parameters, returns the optimizer. Leave ``foreach``/``fused`` unset to get PyTorch's CUDA default."""
+    batch_size: int
+    """Samples per step. Activation memory grows about linearly with it."""
+    precision: Precision = "fp32"
+    """``fp32``; ``bf16`` autocast; or ``fp16`` autocast with a GradScaler. Autocast halves most activations."""
+    forward: Callable[[Any, Any], Any] | None = None
+    """``forward(model, batch) -> output``; default ``model(batch[0])`` (``model(**batch)`` for a dict batch)."""
+    channels_last: bool = False
+    """Convert the model (and 4-D/5-D inputs) to channels_last memory format, as cuDNN prefers for AMP convs."""
+    name: str = "workload"
+    """A short name for reports."""
+    description: str = ""
+    """One line on what it is, for reports."""
+    tags: tuple[str, ...] = field(default=())
+    """Free-form labels (architecture family, input kind) used by reports and the planner."""
+
+    def __post_init__(self) -> None:
+        for attr in ("model", "batch", "loss", "optimizer"):
+            if not callable(getattr(self, attr)):
+                raise WorkloadError(
+                    f"Workload.{attr} must be callable (a factory), got {type(getattr(self, attr)).__name__}. "
+                    f"Write e.g. {attr}=lambda ...: ..."
+                )
+        if self.forward is not None and not callable(self.forward):
+            raise WorkloadError("Workload.forward must be callable: forward(model, batch) -> output.")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise WorkloadError(f"Workload.batch_size must be a positive integer, got {self.batch_size!r}.")
+        if self.precision not in PRECISIONS:
+            raise WorkloadError(
+                f"Workload.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}."
+            )
+
+    def replace(self, **changes: Any) -> Workload:
+        """A copy with some fields changed, validated again: ``w.replace(batch_size=8, precision="bf16")``."""
+        return dataclasses.replace(self, **changes)
+
+    def run_forward(self, model: Any, batch: Any) -> Any:
+        return (self.forward or _default_forward)(model, batch)
+
+
+def load_workload(spec: str) -> Workload:
+    """Load a workload from ``path/to/file.py``, ``file.py:name``, or a built-in name such as ``resnet50``.
+
+    A file may hold one ``Workload`` (found by type), several (pick one with ``file.py:name``), or a function
+    ``name()`` returning one.
+    """
+    path_part, _, attr = spec.partition(":")
+    if not path_part.endswith(".py"):
+        from memfit.zoo import builtin_workload
+
+        return builtin_workload(spec)
+    path = Path(path_part)
+    if not path.is_file():
+        raise WorkloadError(f"workload file not found: {path_part}. Give a .py file or a built-in name.")
+    module = _import_file(path)
+    if attr:
+        if not hasattr(module, attr):
+            raise WorkloadError(f"{path_part} has no attribute {attr!r}. Names found: {_workload_names(module)}.")
+        value = getattr(module, attr)
+        if callable(value) and not isinstance(value, Workload):
+            value = value()
+        if not isinstance(value, Workload):
+            raise WorkloadError(f"{spec} is a {type(value).__name__}, not a memfit.Workload.")
+        return value
+    found = {n: v for n, v in vars(module).items() if isinstance(v, Workload)}
+    if len(found) == 1:
+        return next(iter(found.values()))
+    if not found:
+        raise WorkloadError(
+            f"{path_part} defines no memfit.Workload. Add e.g. `workload = memfit.Workload(model=..., batch=..., "
+            "loss=..., optimizer=..., batch_size=...)`."
+        )
+    raise WorkloadError(
+        f"{path_part} defines several workloads ({', '.join(sorted(found))}): pick one with {path_part}:NAME."
+    )
+
+
+def _import_file(path: Path) -> Any:
+    name = f"memfit_user_workload_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise WorkloadError(f"cannot import {path}: not a Python file.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: report its failure in one line, never a traceback
+        raise WorkloadError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _workload_names(module: Any) -> str:
+    names = [n for n, v in vars(module).items() if isinstance(v, Workload)]
+    return ", ".join(names) or "none"
