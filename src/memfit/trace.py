@@ -119,8 +119,8 @@ class _Recorder(tp.TorchDispatchMode):
 
     def track(self, t: torch.Tensor, op: str) -> None:
         st = t.untyped_storage()
-        if st in self._live:
-            return
+        if st in self._live or st.nbytes() == 0:
+            return  # the CUDA allocator hands out no block for an empty tensor
         key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
         self._live[st] = key
         weakref.finalize(st, self._free, key)

@@ -1,0 +1,229 @@
+"""``estimate()``: predict a training step's peak GPU memory without a GPU.
+
+Three stages: trace the protocol on fake tensors with CUDA semantics (``trace.py``), replay the allocation stream
+through a model of PyTorch's caching allocator (``allocator.py``), and read the answers off the replay: peak
+allocated, peak reserved, the smallest memory cap that runs without OOM, and what is alive at the peak.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memfit.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
+from memfit.gpus import GpuSpec, gpu_spec
+from memfit.protocol import DEFAULT_STEPS
+from memfit.workload import Workload
+
+SCHEMA = 1
+_TIMELINE_POINTS = 1500
+_LARGEST = 12
+
+
+@dataclass(frozen=True)
+class TensorAtPeak:
+    """A tensor alive at the peak."""
+
+    nbytes: int
+    category: str
+    module: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    phase: str
+    step: int
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    event: int
+    allocated_bytes: int
+    phase: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The predicted memory of one training step (3 steps of the protocol, maximum over them)."""
+
+    workload: str
+    batch_size: int
+    precision: str
+    gpu: str
+    peak_allocated_bytes: int
+    """What ``torch.cuda.max_memory_allocated()`` would report."""
+    peak_reserved_bytes: int
+    """What ``torch.cuda.max_memory_reserved()`` would report, with no memory cap."""
+    fits_in_bytes: int
+    """The smallest caching-allocator cap (``set_per_process_memory_fraction``) that runs without OOM."""
+    device_bytes: int
+    """``fits_in_bytes`` plus the CUDA context and other memory outside the allocator: what the GPU must have."""
+    breakdown: dict[str, int]
+    """Bytes by category at the allocated peak, plus ``fragmentation`` (fits_in - peak allocated)."""
+    activations_by_module: dict[str, int]
+    """Activation bytes held for backward at the end of the last forward, by module (qualified name)."""
+    peak_phase: str
+    peak_step: int
+    peak_op: str
+    peak_module: str
+    largest_tensors: list[TensorAtPeak]
+    timeline: list[TimelinePoint]
+    param_count: int
+    steps: int
+    warnings: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    method: str = "fake-tensor trace + caching-allocator replay"
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema"] = SCHEMA
+        return d
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def margin_bytes(self, budget_bytes: int) -> int:
+        """Budget minus ``device_bytes``: positive means it fits with that much to spare."""
+        return budget_bytes - self.device_bytes
+
+
+def estimate(
+    workload: Workload,
+    *,
+    gpu: str | GpuSpec | None = None,
+    allocator: AllocatorConfig | None = None,
+    steps: int = DEFAULT_STEPS,
+) -> Estimate:
+    """Predict the peak GPU memory of ``workload``'s training step, on any machine, without touching a GPU.
+
+    Args:
+        workload: the training step.
+        gpu: the GPU to predict for (name such as ``"h100"`` or a ``GpuSpec``); it sets library workspace sizes
+            and the CUDA context. Default: H100.
+        allocator: caching-allocator settings; default: read ``PYTORCH_CUDA_ALLOC_CONF`` from the environment.
+        steps: training steps to simulate (optimizer state appears in step 1, the steady peak from step 2).
+
+    Example:
+        >>> from memfit.zoo import builtin_workload
+        >>> est = estimate(builtin_workload("mlp").replace(batch_size=8))
+        >>> est.peak_allocated_bytes > 0
+        True
+    """
+    from memfit.trace import trace_workload
+
+    started = time.perf_counter()
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
+    config = allocator if allocator is not None else AllocatorConfig.from_env()
+    trace = trace_workload(workload, spec, steps=steps)
+    events = trace.events()
+    analysis = _analyse(trace, events, config)
+    # a cap below the allocated peak can never work; the search starts from there
+    fits_in = max(smallest_fitting_capacity(events, config), analysis["peak_allocated"])
+    breakdown = dict(analysis["breakdown"])
+    breakdown["fragmentation"] = fits_in - analysis["peak_allocated"]
+    return Estimate(
+        workload=workload.name,
+        batch_size=workload.batch_size,
+        precision=workload.precision,
+        gpu=spec.name,
+        peak_allocated_bytes=analysis["peak_allocated"],
+        peak_reserved_bytes=analysis["peak_reserved"],
+        fits_in_bytes=fits_in,
+        device_bytes=fits_in + spec.cuda_context_bytes,
+        breakdown=breakdown,
+        activations_by_module=analysis["activations_by_module"],
+        peak_phase=analysis["peak_phase"],
+        peak_step=analysis["peak_step"],
+        peak_op=analysis["peak_op"],
+        peak_module=analysis["peak_module"],
+        largest_tensors=analysis["largest"],
+        timeline=analysis["timeline"],
+        param_count=trace.param_count,
+        steps=steps,
+        warnings=list(trace.warnings),
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorConfig) -> dict[str, Any]:
+    """One replay for the peaks and the timeline, a second up to the peak for what is alive there."""
+    sim = CachingAllocator(config)
+    sizes: dict[int, int] = {}
+    allocated_after: list[int] = []
+    peak, peak_index = -1, 0
+    for i, (op, key, nbytes) in enumerate(events):
+        if op > 0:
+            sizes[key] = sim.malloc(key, nbytes)
+        else:
+            sim.free(key)
+        allocated_after.append(sim.allocated_bytes)
+        if sim.allocated_bytes > peak:
+            peak, peak_index = sim.allocated_bytes, i
+    live: dict[int, int] = {}
+    for op, key, _ in events[: peak_index + 1]:
+        if op > 0:
+            live[key] = sizes[key]
+        else:
+            live.pop(key, None)
+    allocs = trace.allocs
+    breakdown: dict[str, int] = {}
+    for key, size in live.items():
+        cat = allocs[key].category
+        breakdown[cat] = breakdown.get(cat, 0) + size
+    largest = [
+        TensorAtPeak(size, a.category, a.module, a.op, a.shape, a.dtype, a.phase, a.step)
+        for key, size in sorted(live.items(), key=lambda kv: -kv[1])[:_LARGEST]
+        for a in (allocs[key],)
+    ]
+    peak_alloc = allocs[events[peak_index][1]]
+    phase, step = trace.phase_at(peak_index)
+    return {
+        "peak_allocated": sim.peak_allocated_bytes,
+        "peak_reserved": sim.peak_reserved_bytes,
+        "breakdown": breakdown,
+        "largest": largest,
+        "peak_phase": phase,
+        "peak_step": step,
+        "peak_op": peak_alloc.op,
+        "peak_module": peak_alloc.module,
+        "activations_by_module": _activations_at_end_of_forward(trace, events, sizes),
+        "timeline": _timeline(trace, allocated_after),
+    }
+
+
+def _activations_at_end_of_forward(trace: Any, events: list[tuple[int, int, int]], sizes: dict[int, int]) -> dict[str, int]:
+    last_backward = max((at for at, name, _ in trace.phase_marks if name == "backward"), default=len(events))
+    live: dict[int, int] = {}
+    for op, key, _ in events[:last_backward]:
+        if op > 0:
+            live[key] = sizes[key]
+        else:
+            live.pop(key, None)
+    by_module: dict[str, int] = {}
+    for key, size in live.items():
+        a = trace.allocs[key]
+        if a.category == "activations":
+            by_module[a.module or "(model)"] = by_module.get(a.module or "(model)", 0) + size
+    return dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
+
+
+def _timeline(trace: Any, allocated_after: list[int]) -> list[TimelinePoint]:
+    """Downsample to at most _TIMELINE_POINTS, keeping each bucket's maximum so the peak survives."""
+    n = len(allocated_after)
+    bucket = max(1, -(-n // _TIMELINE_POINTS))
+    points = []
+    marks = trace.phase_marks
+    m = 0
+    phase, step = "init", 0
+    for start in range(0, n, bucket):
+        chunk = allocated_after[start : start + bucket]
+        j = max(range(len(chunk)), key=chunk.__getitem__)
+        index = start + j
+        while m < len(marks) and marks[m][0] <= index:
+            _, phase, step = marks[m]
+            m += 1
+        points.append(TimelinePoint(index, chunk[j], phase, step))
+    return points

@@ -1,0 +1,126 @@
+"""Terminal rendering of results with rich. Only the CLI calls this; the library never prints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memfit.units import format_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memfit.estimate import Estimate
+    from memfit.measure import Measurement
+
+_CATEGORY_ORDER = (
+    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
+    "fragmentation",
+)
+
+
+def _bar(fraction: float, width: int = 24) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "█" * filled + "·" * (width - filled)
+
+
+def _module_rollup(by_module: dict[str, int], depth: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, size in by_module.items():
+        key = ".".join(name.split(".")[:depth]) if name else "(model)"
+        out[key] = out.get(key, 0) + size
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None = None,
+                    measured: Measurement | None = None) -> None:
+    from rich.panel import Panel
+    from rich.table import Table
+
+    title = f"{est.workload} · batch {est.batch_size} · {est.precision} · {est.gpu}"
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column(justify="right")
+    head.add_column(style="dim")
+    head.add_column(justify="right")
+    rows = [
+        ("peak allocated", est.peak_allocated_bytes, "torch.cuda.max_memory_allocated()",
+         measured.peak_allocated_bytes if measured else None),
+        ("peak reserved", est.peak_reserved_bytes, "torch.cuda.max_memory_reserved(), no cap",
+         measured.peak_reserved_bytes if measured else None),
+        ("fits in", est.fits_in_bytes, "smallest allocator cap that runs without OOM",
+         measured.fits_in_bytes if measured else None),
+        ("device", est.device_bytes, "fits in + CUDA context: what the GPU must have",
+         measured.device_bytes if measured else None),
+    ]
+    for label, value, note, meas in rows:
+        extra = ""
+        if meas:
+            extra = f"measured {format_bytes(meas)} ({(value - meas) / meas:+.1%})"
+        head.add_row(label, format_bytes(value), note, extra)
+    console.print(Panel(head, title=title, expand=False))
+
+    total = max(est.fits_in_bytes, 1)
+    cats = Table(title=f"At the peak: {est.peak_phase} of step {est.peak_step + 1}, op {est.peak_op}"
+                 + (f" in {est.peak_module}" if est.peak_module else ""), title_justify="left")
+    cats.add_column("category")
+    cats.add_column("bytes", justify="right")
+    cats.add_column("share", justify="right")
+    cats.add_column("")
+    for cat in _CATEGORY_ORDER:
+        size = est.breakdown.get(cat, 0)
+        if size:
+            cats.add_row(cat, format_bytes(size), f"{size / total:.1%}", _bar(size / total))
+    console.print(cats)
+
+    if est.activations_by_module:
+        mods = Table(title="Activations saved for backward, by module (end of forward)", title_justify="left")
+        mods.add_column("module")
+        mods.add_column("bytes", justify="right")
+        mods.add_column("")
+        top = _module_rollup(est.activations_by_module, 1)
+        biggest = max(top.values())
+        for name, size in list(top.items())[:10]:
+            mods.add_row(name, format_bytes(size), _bar(size / biggest, 16))
+        console.print(mods)
+
+    tensors = Table(title="Largest tensors alive at the peak", title_justify="left")
+    for col in ("bytes", "category", "made by", "op", "shape", "dtype"):
+        tensors.add_column(col, justify="right" if col == "bytes" else "left")
+    for t in est.largest_tensors[:8]:
+        tensors.add_row(format_bytes(t.nbytes), t.category, t.module or t.phase, t.op,
+                        "×".join(map(str, t.shape)), t.dtype)
+    console.print(tensors)
+
+    for w in est.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    if budget_bytes is not None:
+        margin = est.margin_bytes(budget_bytes)
+        if margin >= 0:
+            console.print(f"[green]Fits[/] a budget of {format_bytes(budget_bytes)} with "
+                          f"{format_bytes(margin)} ({margin / budget_bytes:.1%}) to spare.")
+        else:
+            console.print(f"[red]Does not fit[/] a budget of {format_bytes(budget_bytes)}: needs "
+                          f"{format_bytes(est.device_bytes)}, {format_bytes(-margin)} too much. "
+                          "Try a smaller --batch-size or --precision bf16.")
+    console.print(f"[dim]{est.param_count / 1e6:.1f} M parameters · {est.steps} steps simulated in "
+                  f"{est.elapsed_s:.1f} s · {est.method}[/]")
+
+
+def render_measurement(m: Measurement, console: Console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{m.workload} measured on {m.gpu} (torch {m.torch_version}, CUDA {m.cuda_version})")
+    t.add_column("")
+    t.add_column("bytes", justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("peak allocated", m.peak_allocated_bytes),
+        ("peak reserved", m.peak_reserved_bytes),
+        ("fits in", m.fits_in_bytes),
+        ("outside allocator", m.outside_allocator_bytes),
+        ("device", m.device_bytes),
+    ]
+    for label, value in rows:
+        t.add_row(label, "—" if value is None else format_bytes(value))
+    console.print(t)
+    if m.snapshot_path:
+        console.print(f"memory snapshot: {m.snapshot_path} (open it at pytorch.org/memory_viz)")
