@@ -2,7 +2,8 @@
 
 Only the knobs that change ``max_memory_allocated()`` / ``max_memory_reserved()`` of the native backend are
 kept; the rest (pinned-memory options, ``release_lock_on_cudamalloc``...) are accepted and ignored. The parsing
-rules and limits follow ``c10/core/AllocatorConfig.cpp`` and ``c10/cuda/CUDAAllocatorConfig.h`` (torch 2.13).
+rules and limits follow ``c10/core/AllocatorConfig.cpp`` (``AcceleratorAllocatorConfig::parseArgs``) and
+``c10/cuda/CUDAAllocatorConfig.h`` (torch 2.13 headers).
 
 Example:
     >>> AllocatorConfig.from_env("expandable_segments:True,max_split_size_mb:128").max_split_size_bytes
@@ -112,17 +113,17 @@ class AllocatorConfig:
 
         Args:
             text: e.g. ``"expandable_segments:True,max_split_size_mb:128"``. None reads
-                ``PYTORCH_CUDA_ALLOC_CONF``, then ``PYTORCH_ALLOC_CONF`` (the CUDA name wins, as in
-                ``CUDAAllocatorConfig::instance``).
+                ``PYTORCH_ALLOC_CONF``, else the deprecated ``PYTORCH_CUDA_ALLOC_CONF`` (the order of
+                ``AcceleratorAllocatorConfig::instance``, which parses the keys that matter here).
 
         Raises:
             UsageError: malformed text, a value PyTorch would reject, or ``backend:cudaMallocAsync`` (its
                 counters come from the CUDA driver's pool and cannot be simulated).
         """
         if text is None:
-            text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+            text = os.environ.get("PYTORCH_ALLOC_CONF")
             if text is None:
-                text = os.environ.get("PYTORCH_ALLOC_CONF")
+                text = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
             if text is None:
                 return cls()
         return cls(**_parse(text))
@@ -265,7 +266,7 @@ def _parse_division_list(text: str, toks: list[str], start: int) -> tuple[int, .
         if not _is_pow2_or_zero(divisions):
             raise _bad(text, f"roundup_power2_divisions must be 0 or a power of 2, got {divisions}")
         if interval == ">":
-            for j in range(last_index, ROUNDUP_INTERVALS):
+            for j in range(last_index + 1, ROUNDUP_INTERVALS):  # from the interval after the last one named
                 table[j] = divisions
         else:
             mb = _int(text, interval, "roundup_power2_divisions interval")
