@@ -167,6 +167,32 @@ def clean_allocator() -> None:
     torch.cuda.empty_cache()
 
 
+def stream_from_trace(trace: list[dict]) -> tuple[list[int], list[list], int | None, int]:
+    """Turn ``device_traces`` entries into the flat replay stream, segment events, OOM position, deferred frees."""
+    events: list[int] = []
+    segments: list[list] = []
+    oom_event_index = None
+    deferred_frees = 0
+    for i, entry in enumerate(trace):
+        action = entry["action"]
+        if action == "alloc":
+            events += [1, entry["addr"], entry["size"]]
+        elif action == "free_requested":
+            after = trace[i + 1] if i + 1 < len(trace) else None
+            if after is None or after["action"] != "free_completed" or after["addr"] != entry["addr"]:
+                deferred_frees += 1  # the block waits for another stream: allocated drops before the pool gets it
+        elif action == "free_completed":
+            events += [-1, entry["addr"], 0]
+        elif action == "oom":
+            # the failing request never appears as 'alloc'; 'size' here is the rounded request
+            oom_event_index = len(events) // 3
+            events += [1, -1, entry["size"]]
+            break
+        elif action.startswith("segment_"):
+            segments.append([len(events) // 3, action, entry["addr"], entry["size"]])
+    return events, segments, oom_event_index, deferred_frees
+
+
 def record_pass(step_fn: Callable[[], None], settings: str, capacity_fraction: float | None) -> dict:
     clean_allocator()
     # parseArgs resets max_split etc. but keeps expandable_segments unless named, so always name it
@@ -193,27 +219,7 @@ def record_pass(step_fn: Callable[[], None], settings: str, capacity_fraction: f
         torch.cuda.set_per_process_memory_fraction(1.0)
 
     trace = snapshot["device_traces"][torch.cuda.current_device()]
-    events: list[int] = []
-    segments: list[list] = []
-    oom_event_index = None
-    deferred_frees = 0
-    for i, entry in enumerate(trace):
-        action = entry["action"]
-        if action == "alloc":
-            events += [1, entry["addr"], entry["size"]]
-        elif action == "free_requested":
-            after = trace[i + 1] if i + 1 < len(trace) else None
-            if after is None or after["action"] != "free_completed" or after["addr"] != entry["addr"]:
-                deferred_frees += 1  # the block waits for another stream: allocated drops before the pool gets it
-        elif action == "free_completed":
-            events += [-1, entry["addr"], 0]
-        elif action == "oom":
-            # the failing request never appears as 'alloc'; 'size' here is the rounded request
-            oom_event_index = len(events) // 3
-            events += [1, -1, entry["size"]]
-            break
-        elif action.startswith("segment_"):
-            segments.append([len(events) // 3, action, entry["addr"], entry["size"]])
+    events, segments, oom_event_index, deferred_frees = stream_from_trace(trace)
     return {
         "capacity_fraction": capacity_fraction,
         "capacity_bytes": None,  # filled by the caller, which knows the total
