@@ -98,7 +98,7 @@ fallthrough_kernel = torch.library.fallthrough_kernel
 def record_memory_history(enabled: bool, max_entries: int = 1_000_000) -> None:
     """Start or stop the CUDA caching allocator's trace (``torch.cuda.memory._record_memory_history``)."""
     if enabled:
-        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     else:
         torch.cuda.memory._record_memory_history(enabled=None)
 

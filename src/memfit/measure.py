@@ -73,7 +73,7 @@ def _spec_args(spec: str, batch_size: int | None, precision: str | None) -> list
 
 def run_trial(
     spec: str, *, batch_size: int | None = None, precision: str | None = None, cap_bytes: int | None = None,
-    snapshot: str | None = None, timeout_s: float = 600,
+    snapshot: str | None = None, trace: str | None = None, timeout_s: float = 600,
 ) -> Trial:
     """One protocol run in a fresh Python process."""
     cmd = [sys.executable, "-m", "memfit.measure", *_spec_args(spec, batch_size, precision)]
@@ -81,6 +81,8 @@ def run_trial(
         cmd += ["--cap-bytes", str(cap_bytes)]
     if snapshot:
         cmd += ["--snapshot", snapshot]
+    if trace:
+        cmd += ["--trace", trace]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -97,6 +99,7 @@ def measure(
     tolerance: float = 0.005,
     snapshot: str | None = None,
     hint_bytes: int | None = None,
+    trace: str | None = None,
 ) -> Measurement:
     """Measure ``spec`` (a built-in name or ``file.py[:name]``) on the current GPU.
 
@@ -111,7 +114,7 @@ def measure(
     if not torch.cuda.is_available():
         raise DeviceError("memfit measure needs a CUDA GPU and none is visible. Use `memfit estimate` instead.")
     props = torch.cuda.get_device_properties(0)
-    first = run_trial(spec, batch_size=batch_size, precision=precision, snapshot=snapshot)
+    first = run_trial(spec, batch_size=batch_size, precision=precision, snapshot=snapshot, trace=trace)
     if not first.ok:
         raise DeviceError(f"the uncapped run of {spec} failed: {first.error}")
     trials = [first]
@@ -148,6 +151,23 @@ def measure(
     )
 
 
+def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
+    """(action, addr, size, top python frame) per allocator event, gzip JSON: small enough to keep."""
+    import gzip
+
+    keep = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
+    events = []
+    for entry in snap["device_traces"][0]:
+        if entry["action"] not in keep:
+            continue
+        frames = entry.get("frames") or []
+        where = next((f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in frames
+                      if f["filename"].endswith(".py")), "")
+        events.append((entry["action"], entry["addr"], entry["size"], where))
+    with gzip.open(path, "wt") as f:
+        json.dump({"events": events, "stats": {k: v for k, v in stats.items() if k.endswith("peak")}}, f)
+
+
 def _trial_main(argv: list[str] | None = None) -> None:
     """The body of one trial process: run the protocol, print one JSON line."""
     parser = argparse.ArgumentParser(prog="python -m memfit.measure")
@@ -156,6 +176,7 @@ def _trial_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision")
     parser.add_argument("--cap-bytes", type=int)
     parser.add_argument("--snapshot")
+    parser.add_argument("--trace", help="write the allocator's alloc/free stream as gzip JSON (calibration)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     args = parser.parse_args(argv)
 
@@ -172,7 +193,7 @@ def _trial_main(argv: list[str] | None = None) -> None:
     total = torch.cuda.get_device_properties(0).total_memory
     if args.cap_bytes:
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_bytes / total))
-    if args.snapshot:
+    if args.snapshot or args.trace:
         tp.record_memory_history(True)
     torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
@@ -187,11 +208,15 @@ def _trial_main(argv: list[str] | None = None) -> None:
     stats = torch.cuda.memory_stats()
     free, total_now = torch.cuda.mem_get_info()
     outside = total_now - free - torch.cuda.memory_reserved()
-    if args.snapshot and ok:
-        import pickle
+    if (args.snapshot or args.trace) and ok:
+        snap = tp.memory_snapshot()
+        if args.snapshot:
+            import pickle
 
-        with open(args.snapshot, "wb") as f:
-            pickle.dump(tp.memory_snapshot(), f)
+            with open(args.snapshot, "wb") as f:
+                pickle.dump(snap, f)
+        if args.trace:
+            _write_compact_trace(snap, args.trace, stats)
         tp.record_memory_history(False)
     print(json.dumps(asdict(Trial(
         ok=ok,

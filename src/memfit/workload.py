@@ -83,6 +83,16 @@ class Workload:
                     f"Workload.{attr} must be callable (a factory), got {type(getattr(self, attr)).__name__}. "
                     f"Write e.g. {attr}=lambda ...: ..."
                 )
+        if hasattr(self.model, "parameters") and hasattr(self.model, "forward"):
+            raise WorkloadError(
+                "Workload.model must be a factory that builds the model, got a model instance. "
+                f"Write model=lambda: {type(self.model).__name__}(...) so memfit can build it on its device."
+            )
+        if hasattr(self.optimizer, "param_groups"):
+            raise WorkloadError(
+                "Workload.optimizer must be a factory taking the parameters, got an optimizer instance. "
+                "Write optimizer=lambda params: torch.optim.AdamW(params, lr=...)."
+            )
         if self.forward is not None and not callable(self.forward):
             raise WorkloadError("Workload.forward must be callable: forward(model, batch) -> output.")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:

@@ -1,0 +1,82 @@
+import textwrap
+
+import pytest
+import torch
+
+from memfit import Workload
+from memfit.errors import WorkloadError
+from memfit.workload import load_workload
+from memfit.zoo import builtin_names, builtin_workload
+
+
+def _w(**kw):  # noqa: ANN003, ANN202
+    base = dict(
+        model=lambda: torch.nn.Linear(4, 2),
+        batch=lambda n: (torch.randn(n, 4), torch.randint(0, 2, (n,))),
+        loss=lambda out, b: torch.nn.functional.cross_entropy(out, b[1]),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        batch_size=4,
+    )
+    base.update(kw)
+    return Workload(**base)
+
+
+def test_validation_says_what_is_wrong():
+    with pytest.raises(WorkloadError, match="batch_size must be a positive integer, got 0"):
+        _w(batch_size=0)
+    with pytest.raises(WorkloadError, match="precision must be one of fp32, bf16, fp16, got 'fp8'"):
+        _w(precision="fp8")
+    with pytest.raises(WorkloadError, match="model must be a factory"):
+        _w(model=torch.nn.Linear(4, 2))
+
+
+def test_replace_validates_again():
+    w = _w()
+    assert w.replace(batch_size=8).batch_size == 8
+    with pytest.raises(WorkloadError):
+        w.replace(batch_size=-1)
+
+
+def test_default_forward_uses_first_element():
+    w = _w()
+    model = w.model()
+    out = w.run_forward(model, w.batch(3))
+    assert out.shape == (3, 2)
+
+
+def test_load_file_single_and_named(tmp_path):  # noqa: ANN001
+    one = tmp_path / "one.py"
+    one.write_text(textwrap.dedent("""
+        import torch, memfit
+        w = memfit.Workload(model=lambda: torch.nn.Linear(2, 2), batch=lambda n: (torch.randn(n, 2),),
+                            loss=lambda o, b: o.sum(), optimizer=lambda p: torch.optim.SGD(p, lr=1), batch_size=2)
+    """))
+    assert load_workload(str(one)).batch_size == 2
+    two = tmp_path / "two.py"
+    two.write_text(one.read_text() + "\nv = w.replace(batch_size=5)\n")
+    with pytest.raises(WorkloadError, match="several workloads"):
+        load_workload(str(two))
+    assert load_workload(f"{two}:v").batch_size == 5
+    with pytest.raises(WorkloadError, match="no attribute 'nope'"):
+        load_workload(f"{two}:nope")
+
+
+def test_load_errors_are_one_line(tmp_path):  # noqa: ANN001
+    with pytest.raises(WorkloadError, match="not found"):
+        load_workload(str(tmp_path / "missing.py"))
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(WorkloadError, match="defines no memfit.Workload"):
+        load_workload(str(empty))
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise ValueError('boom')\n")
+    with pytest.raises(WorkloadError, match="ValueError: boom"):
+        load_workload(str(broken))
+    with pytest.raises(WorkloadError, match="unknown built-in workload"):
+        load_workload("resnet9000")
+
+
+def test_every_builtin_builds_a_workload():
+    for name in builtin_names():
+        w = builtin_workload(name)
+        assert w.batch_size >= 1 and w.name
