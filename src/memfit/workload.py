@@ -83,12 +83,12 @@ class Workload:
                     f"Workload.{attr} must be callable (a factory), got {type(getattr(self, attr)).__name__}. "
                     f"Write e.g. {attr}=lambda ...: ..."
                 )
-        if hasattr(self.model, "parameters") and hasattr(self.model, "forward"):
+        if not isinstance(self.model, type) and hasattr(self.model, "parameters") and hasattr(self.model, "forward"):
             raise WorkloadError(
                 "Workload.model must be a factory that builds the model, got a model instance. "
                 f"Write model=lambda: {type(self.model).__name__}(...) so memfit can build it on its device."
             )
-        if hasattr(self.optimizer, "param_groups"):
+        if not isinstance(self.optimizer, type) and hasattr(self.optimizer, "param_groups"):
             raise WorkloadError(
                 "Workload.optimizer must be a factory taking the parameters, got an optimizer instance. "
                 "Write optimizer=lambda params: torch.optim.AdamW(params, lr=...)."
