@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "LoaderSettings": "memfit.data.loader",
     "suggest_loader_settings": "memfit.data.loader",
     "PreprocessCache": "memfit.data.cache",
+    "CachedDataset": "memfit.data.cache",
     "CacheFill": "memfit.data.cache",
     "BalancedBatchSampler": "memfit.data.balance",
 }
