@@ -17,13 +17,37 @@ _EXPORTS: dict[str, str] = {
     "measure": "memfit.measure",
     "load_workload": "memfit.workload",
     "builtin_workload": "memfit.zoo",
+    "collect_rank_memory": "memfit.ranks",
+    "gather_rank_memory": "memfit.ranks",
+    "diagnose": "memfit.ranks",
+    "shard_model": "memfit.shard",
+    "model_state_memory": "memfit.shard",
+    "compare_sharding": "memfit.shard",
+    "suggest_loader_settings": "memfit.data.loader",
+    "check_dataset_containers": "memfit.data.storage",
     # results
     "Estimate": "memfit.estimate",
     "Measurement": "memfit.measure",
+    "RankMemory": "memfit.ranks",
+    "RankReport": "memfit.ranks",
+    "Finding": "memfit.ranks",
+    "ModelStateMemory": "memfit.shard",
+    "ShardingComparison": "memfit.shard",
+    "Sharding": "memfit.shard",
+    "LoaderSettings": "memfit.data.loader",
+    "CacheFill": "memfit.data.cache",
     # configuration
     "Workload": "memfit.workload",
     "AllocatorConfig": "memfit.allocator",
     "GpuSpec": "memfit.gpus",
+    # data (memfit.data holds the rest)
+    "TileDataset": "memfit.data.rasters",
+    "RandomTileDataset": "memfit.data.rasters",
+    "PatchSampler": "memfit.data.patches",
+    "PatchDataset": "memfit.data.patches",
+    "SampleTable": "memfit.data.storage",
+    "PreprocessCache": "memfit.data.cache",
+    "BalancedBatchSampler": "memfit.data.balance",
     # errors
     "MemfitError": "memfit.errors",
     "UsageError": "memfit.errors",
@@ -35,6 +59,8 @@ _EXPORTS: dict[str, str] = {
     "OptimizerStepOOMError": "memfit.errors",
     "RankAgreementError": "memfit.errors",
     "NumericsError": "memfit.errors",
+    "MissingExtraError": "memfit.errors",
+    "DataLoaderMemoryWarning": "memfit.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -46,3 +46,11 @@ class RankAgreementError(MemfitError, RuntimeError):
 
 class NumericsError(MemfitError, FloatingPointError):
     """A non-finite loss or gradient where the user asked to raise on it."""
+
+
+class DataLoaderMemoryWarning(UserWarning):
+    """A Dataset holds large Python containers that every DataLoader worker will copy (pytorch issue 13246)."""
+
+
+class MissingExtraError(MemfitError, ImportError):
+    """An optional dependency (an "extra" such as ``memfit[data]``) is needed but not installed."""

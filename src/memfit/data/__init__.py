@@ -1,0 +1,42 @@
+"""Memory-safe data loading: lazy rasters and patches, worker-safe metadata, loader settings, a preprocessing
+cache, and a rank-balanced batch sampler.
+
+Importing ``memfit.data`` is cheap; each submodule loads torch, numpy or tifffile only when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "RasterSource": "memfit.data.rasters",
+    "open_raster": "memfit.data.rasters",
+    "grid_windows": "memfit.data.rasters",
+    "TileDataset": "memfit.data.rasters",
+    "RandomTileDataset": "memfit.data.rasters",
+    "PatchSampler": "memfit.data.patches",
+    "PatchDataset": "memfit.data.patches",
+    "ForegroundIndex": "memfit.data.patches",
+    "index_foreground": "memfit.data.patches",
+    "SampleTable": "memfit.data.storage",
+    "ContainerFinding": "memfit.data.storage",
+    "check_dataset_containers": "memfit.data.storage",
+    "LoaderSettings": "memfit.data.loader",
+    "suggest_loader_settings": "memfit.data.loader",
+    "PreprocessCache": "memfit.data.cache",
+    "CachedDataset": "memfit.data.cache",
+    "CacheFill": "memfit.data.cache",
+    "BalancedBatchSampler": "memfit.data.balance",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memfit.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
