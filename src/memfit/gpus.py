@@ -48,7 +48,7 @@ GPUS: dict[str, GpuSpec] = {
     ),
     "h200": GpuSpec(
         name="NVIDIA H200",
-        total_bytes=140 * GiB,
+        total_bytes=150_109_880_320,  # measured: get_device_properties(0).total_memory, benchmarks/results
         compute_capability=(9, 0),
         cuda_context_bytes=512 * MiB,
         cublas_workspace_bytes=_CUBLAS_SM90,

@@ -1,0 +1,115 @@
+"""Measure what cuDNN allocates beyond the tensors: convolution workspaces and the LSTM reserve space.
+
+A CPU trace cannot see these (they are allocated inside cuDNN calls), so memfit models them with rules fitted
+on a synthetic grid of shapes measured here. The grid deliberately avoids copying the accuracy suite's layers,
+so the suite stays an honest test of the fitted rules.
+
+    python benchmarks/calibrate_cudnn.py --out $OUT      # on a CUDA machine; about a minute
+
+Writes ``cudnn_calibration_<gpu>_<yyyymmdd>.json``: one row per configuration with the transient bytes of
+forward and backward (peak during the call minus what stays allocated after it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _transient(fn):  # noqa: ANN001, ANN202
+    """Run fn(); return (result, bytes above max(before, after) at the peak inside it)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_allocated()
+    return out, torch.cuda.max_memory_allocated() - max(before, after)
+
+
+def conv_rows() -> list[dict]:
+    rows = []
+    grid2d = [
+        # (cin, cout, kernel, stride, groups, transposed)
+        (3, 64, 7, 2, 1, False), (16, 16, 3, 1, 1, False), (48, 48, 3, 1, 1, False), (96, 96, 3, 1, 1, False),
+        (192, 192, 3, 1, 1, False), (384, 384, 3, 1, 1, False), (96, 192, 3, 2, 1, False),
+        (48, 192, 1, 1, 1, False), (192, 48, 1, 1, 1, False), (96, 96, 7, 1, 96, False), (144, 144, 3, 1, 144, False),
+        (192, 96, 2, 2, 1, True), (3, 384, 16, 16, 1, False),
+    ]
+    for (cin, cout, k, s, g, tr), hw, n, dname in itertools.product(grid2d, (48, 96, 192), (6, 24), DTYPES):
+        rows.append(_conv_case(2, n, cin, cout, k, s, g, tr, hw, dname))
+    grid3d = [(2, 24, 3, 1, 1, False), (24, 24, 3, 1, 1, False), (48, 48, 3, 1, 1, False), (96, 96, 3, 2, 1, False),
+              (192, 192, 3, 1, 1, False), (96, 48, 2, 2, 1, True), (48, 3, 1, 1, 1, False)]
+    for (cin, cout, k, s, g, tr), dhw, n, dname in itertools.product(grid3d, (24, 48, 80), (1, 3), DTYPES):
+        rows.append(_conv_case(3, n, cin, cout, k, s, g, tr, dhw, dname))
+    return [r for r in rows if r]
+
+
+def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname):  # noqa: ANN001, ANN202
+    dtype = DTYPES[dname]
+    try:
+        x = torch.randn(n, cin, *([size] * dims), device="cuda", dtype=dtype, requires_grad=True)
+        wshape = (cin, cout // g, *([k] * dims)) if tr else (cout, cin // g, *([k] * dims))
+        w = torch.randn(*wshape, device="cuda", dtype=dtype, requires_grad=True)
+        pad = 0 if (tr or k == 1 or k == s) else k // 2
+        conv = getattr(F, f"conv_transpose{dims}d" if tr else f"conv{dims}d")
+        y, fwd = _transient(lambda: conv(x, w, stride=s, padding=pad, groups=g))
+        gy = torch.randn_like(y)
+        _, bwd = _transient(lambda: torch.autograd.grad(y, (x, w), gy))
+        row = dict(kind="conv", dims=dims, n=n, cin=cin, cout=cout, k=k, stride=s, groups=g, transposed=tr,
+                   size=size, dtype=dname, in_bytes=x.numel() * x.element_size(),
+                   out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(),
+                   fwd_ws=fwd, bwd_ws=bwd)
+        del x, w, y, gy
+        return row
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
+
+
+def lstm_rows() -> list[dict]:
+    rows = []
+    for layers, hidden, seq, n, dname in itertools.product((1, 3), (128, 384, 768), (32, 200), (8, 48), ("fp32", "bf16")):
+        dtype = DTYPES[dname]
+        lstm = torch.nn.LSTM(hidden, hidden, layers, batch_first=True).cuda().to(dtype)
+        x = torch.randn(n, seq, hidden, device="cuda", dtype=dtype, requires_grad=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        out, (h, c) = lstm(x)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - before  # outputs + reserve space held for backward
+        tensors = sum(t.numel() * t.element_size() for t in (out, h, c))
+        _, bwd = _transient(lambda: torch.autograd.grad(out, (x, *lstm.parameters()), torch.randn_like(out)))
+        rows.append(dict(kind="lstm", layers=layers, hidden=hidden, seq=seq, n=n, dtype=dname,
+                         out_bytes=tensors, kept_bytes=kept, reserve_bytes=kept - tensors, bwd_ws=bwd))
+        del lstm, x, out, h, c
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    args = parser.parse_args()
+    torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
+    torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
+    rows = conv_rows() + lstm_rows()
+    props = torch.cuda.get_device_properties(0)
+    result = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(), "rows": rows}
+    slug = props.name.lower().replace("nvidia", "").strip().split()[0]
+    path = Path(args.out) / f"cudnn_calibration_{slug}_{dt.date.today():%Y%m%d}.json"
+    path.write_text(json.dumps(result, indent=0))
+    print(f"{len(rows)} rows -> {path}")
+
+
+if __name__ == "__main__":
+    main()
