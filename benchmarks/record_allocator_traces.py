@@ -9,6 +9,8 @@ For each small workload defined below (torch only), run a few training steps on 
   immediately), plus the real ``max_memory_allocated()`` / ``max_memory_reserved()``;
 * ``capped``: the same workload again under ``set_per_process_memory_fraction(0.9 x uncapped peak reserved /
   total)``: its own stream, whether and where it ran out of memory, its peaks;
+* ``segment_events``: ``[event index, action, addr, size]`` for each segment_alloc/free/map/unmap; the test
+  replays with the real ``segment_alloc`` addresses, which decide ties between equal-sized free blocks;
 * card name, torch version, CUDA version, date, the allocator settings in force.
 
 Usage (on a CUDA machine; about a minute on one H100):
@@ -195,8 +197,11 @@ def stream_from_trace(trace: list[dict]) -> tuple[list[int], list[list], int | N
 
 def record_pass(step_fn: Callable[[], None], settings: str, capacity_fraction: float | None) -> dict:
     clean_allocator()
-    # parseArgs resets max_split etc. but keeps expandable_segments unless named, so always name it
-    torch.cuda.memory._set_allocator_settings(settings or "expandable_segments:False")
+    # parseArgs resets max_split etc. but keeps expandable_segments unless named, so always name it (traces
+    # recorded before this fix ran gpt_adamw_max_split_32 with the expandable segments of the workload before it)
+    if "expandable_segments" not in settings:
+        settings = ",".join(filter(None, ["expandable_segments:False", settings]))
+    torch.cuda.memory._set_allocator_settings(settings)
     if capacity_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(capacity_fraction)
     torch.cuda.reset_peak_memory_stats()

@@ -120,11 +120,11 @@ def test_best_fit_prefers_smallest_block_then_lowest_address() -> None:
     alloc(sim, 0, 14 * MiB)  # segment 1: 14 MiB block
     alloc(sim, 1, 12 * MiB)  # segment 2: 12 MiB block
     alloc(sim, 2, 12 * MiB)  # segment 3: 12 MiB block
-    first, second = sim._live[1].addr, sim._live[2].addr
+    older, newer = sim._live[1].addr, sim._live[2].addr
     for key in range(3):
         sim.free(key)
-    alloc(sim, 3, 11 * MiB)  # 12 MiB blocks fit best; the lower address wins
-    assert sim._live[3].addr == first < second
+    alloc(sim, 3, 11 * MiB)  # 12 MiB blocks fit best; the lower address wins: fake bases fall, so the newer one
+    assert sim._live[3].addr == newer < older
     assert sim.reserved_bytes == 38 * MiB
 
 
@@ -389,20 +389,81 @@ def _events(flat: list[int]) -> list[tuple[int, int, int]]:
     return list(zip(flat[0::3], flat[1::3], flat[2::3]))
 
 
-@pytest.mark.skipif(not TRACE_FILES, reason=f"no recorded GPU traces in {TRACES}")
-@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda p: p.name.split(".")[0])
-def test_replay_matches_real_gpu_trace(path: Path) -> None:
+def _trace_config(trace: dict) -> AllocatorConfig:
+    """The settings in force while a trace was recorded.
+
+    Recorders before the fix in record_allocator_traces.py named only the workload's settings, and
+    _set_allocator_settings keeps expandable_segments unless it is named, so gpt_adamw_max_split_32 ran with the
+    expandable segments of the workload before it. A segment_map entry proves it: only expandable segments map.
+    """
+    settings = trace["allocator_settings"]
+    runs = [run for run in (trace["uncapped"], trace["capped"]) if run is not None]
+    mapped = any(entry[1] == "segment_map" for run in runs for entry in run["segment_events"])
+    if mapped and "expandable_segments" not in settings:
+        settings = ",".join(filter(None, ["expandable_segments:True", settings]))
+    return AllocatorConfig.from_env(settings)
+
+
+def _segment_addresses(run: dict) -> list[int]:
+    return [entry[2] for entry in run["segment_events"] if entry[1] == "segment_alloc"]
+
+
+def _replayable_runs(path: Path) -> list[tuple[str, dict, AllocatorConfig, str]]:
     with gzip.open(path, "rt") as f:
         trace = json.load(f)
-    config = AllocatorConfig.from_env(trace["allocator_settings"])
+    config = _trace_config(trace)
+    runs = []
     for name in ("uncapped", "capped"):
         run = trace[name]
         if run is None:
             continue
         if run["initial_reserved_bytes"] != 0 or run["truncated"]:
             pytest.skip(f"{path.name} {name}: trace does not start from an empty allocator or was truncated")
-        result = replay(_events(run["events"]), config, capacity_bytes=run["capacity_bytes"])
-        where = f"{path.name} {name} ({trace['device']}, torch {trace['torch']})"
+        runs.append((name, run, config, f"{path.name} {name} ({trace['device']}, torch {trace['torch']})"))
+    return runs
+
+
+@pytest.mark.skipif(not TRACE_FILES, reason=f"no recorded GPU traces in {TRACES}")
+@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda p: p.name.split(".")[0])
+def test_replay_matches_real_gpu_trace(path: Path) -> None:
+    # With the real segment bases, ties between equal-sized free blocks break as on the GPU, so every counter
+    # must match exactly.
+    for _, run, config, where in _replayable_runs(path):
+        result = replay(_events(run["events"]), config, capacity_bytes=run["capacity_bytes"],
+                        segment_addresses=_segment_addresses(run))
         assert result.oom_index == run["oom_event_index"], where
         assert result.peak_reserved_bytes == run["max_memory_reserved"], where
         assert result.peak_allocated_bytes == run["max_memory_allocated"], where
+
+
+@pytest.mark.skipif(not TRACE_FILES, reason=f"no recorded GPU traces in {TRACES}")
+@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda p: p.name.split(".")[0])
+def test_replay_with_fake_addresses_stays_close_to_real_gpu_trace(path: Path) -> None:
+    # The estimator has no real addresses. Fake ones can break a tie the other way; on the recorded traces that
+    # costs at most 82 MiB (4 %) of peak reserved (resnet_bf16_autocast, docs/allocator.md).
+    for _, run, config, where in _replayable_runs(path):
+        result = replay(_events(run["events"]), config, capacity_bytes=run["capacity_bytes"])
+        assert result.oom_index == run["oom_event_index"], where
+        assert abs(result.peak_reserved_bytes - run["max_memory_reserved"]) <= 0.05 * run["max_memory_reserved"], where
+        assert abs(result.peak_allocated_bytes - run["max_memory_allocated"]) <= 4 * MiB, where
+
+
+def test_segment_addresses_break_ties_between_equal_free_blocks() -> None:
+    # Two 30 MiB segments, both freed: a 30 MiB request reuses the one at the lower real address.
+    events = [(A, 0, 30 * MiB), (A, 1, 30 * MiB), (F, 0, 0), (F, 1, 0)]
+    for addresses, expected in (([0x7F0004000000, 0x7F0000000000], 1), ([0x7F0000000000, 0x7F0004000000], 0)):
+        sim = CachingAllocator(segment_addresses=addresses)
+        for op, key, nbytes in events:
+            sim.malloc(key, nbytes) if op == A else sim.free(key)
+        sim.malloc(2, 30 * MiB)
+        assert sim._live[2].addr == addresses[expected]
+    sim = CachingAllocator(segment_addresses=[0x7F0004000000])  # the second segment gets a fake address
+    for op, key, nbytes in events:
+        sim.malloc(key, nbytes) if op == A else sim.free(key)
+    sim.malloc(2, 30 * MiB)
+    assert sim._live[2].addr == 0x7F0004000000  # fake addresses lie above every real one
+
+
+def test_segment_addresses_must_be_device_addresses() -> None:
+    with pytest.raises(UsageError, match="segment_alloc"):
+        CachingAllocator(segment_addresses=[1 << 60])

@@ -6,9 +6,12 @@ best-fit search ordered by (size, address), splitting and merging of blocks, ``m
 ``max_non_split_rounding``, expandable segments, and the path taken when a memory cap refuses a cudaMalloc
 (garbage collection, freeing oversize blocks, freeing every whole cached segment, retry, OOM).
 
-Addresses are simulated: each new segment gets a fake address above all earlier ones, and a block's address is
-its segment's base plus its offset, so ties between equal-sized free blocks break as in the real allocator
-whenever the real cudaMalloc also hands out increasing addresses.
+Addresses matter: best fit breaks ties between equal-sized free blocks by address, and which of two equal blocks
+is reused decides where later splits land and so the peak reserved. A block's address is its segment's base plus
+its offset. Segment bases come from ``segment_addresses`` when the caller knows the real ones (a recorded trace's
+``segment_alloc`` events), else they are fake: each new segment lies below all earlier ones, the dominant pattern
+of the CUDA driver's cudaMalloc on an H200 with CUDA 13.0 (``tests/data/allocator_traces``; replayed without real
+addresses, "below" matches peak reserved on 10 of 12 recorded runs, "above" on 8, see ``docs/allocator.md``).
 
 Speed, measured on a 2-core AMD EPYC VM with CPython 3.11 on the 101k-event synthetic training stream of
 ``tests/test_allocator.py``: one replay 0.27 s (expandable segments 0.45 s); ``smallest_fitting_capacity``
@@ -45,8 +48,13 @@ LARGE_BUFFER = 20 * MiB  # kLargeBuffer (CUDACachingAllocator.cpp): large-pool e
 # size of the unmapped tail depends on it, and nothing we count; an 80 GiB card is assumed.
 _EXPANDABLE_VA_BYTES = 80 * 1024 * MiB * 9 // 8
 # Free blocks are kept in one sorted list of ints, size * _SPAN + address, so that bisect orders them by
-# (size, address) like BlockComparatorSize. Fake addresses stay far below _SPAN.
+# (size, address) like BlockComparatorSize. All addresses stay below _SPAN.
 _SPAN = 1 << 56
+# Real device addresses are user-space virtual addresses, below 2**48 on x86-64 and aarch64 (48-bit VA; CUDA's
+# unified address space shares it). Fake segment bases grow down from _FAKE_TOP, far above them, so the two never
+# collide when a trace gives real bases for only its first segments.
+_REAL_ADDRESS_LIMIT = 1 << 48
+_FAKE_TOP = 1 << 55
 _UNLIMITED = 1 << 62  # max_split_size unset (SIZE_MAX in PyTorch)
 
 
@@ -127,11 +135,20 @@ class CachingAllocator:
         config: allocator settings (``AllocatorConfig.from_env()`` reads the user's environment).
         capacity_bytes: the cap ``torch.cuda.set_per_process_memory_fraction`` would set (fraction x total
             memory); None means no cap and no cudaMalloc ever fails.
+        segment_addresses: real base addresses of the cudaMalloc'd segments, in the order they were created
+            (the ``segment_alloc`` entries of a memory-history trace). Segment k gets the k-th address; later
+            segments, and expandable segments, get fake ones. None: all fake. Only for replaying recorded traces.
     """
 
-    def __init__(self, config: AllocatorConfig = AllocatorConfig(), *, capacity_bytes: int | None = None) -> None:
+    def __init__(self, config: AllocatorConfig = AllocatorConfig(), *, capacity_bytes: int | None = None,
+                 segment_addresses: Sequence[int] | None = None) -> None:
         if capacity_bytes is not None and capacity_bytes < 0:
             raise UsageError(f"capacity_bytes must be >= 0 or None, got {capacity_bytes}.")
+        real = tuple(segment_addresses or ())
+        bad = [a for a in real if not 0 < a < _REAL_ADDRESS_LIMIT]
+        if bad:
+            raise UsageError(f"segment address {bad[0]:#x} is not a device address in (0, 2**48); pass the "
+                             "'addr' of the trace's segment_alloc entries, or None for fake addresses.")
         self.config = config
         self.capacity_bytes = capacity_bytes
         self._expandable = config.expandable_segments
@@ -145,7 +162,9 @@ class CachingAllocator:
         self._small = _Pool(small=True)
         self._large = _Pool(small=False)
         self._live: dict[int, _Block] = {}
-        self._next_addr = 1 << 32
+        self._real_addresses = real
+        self._segments_created = 0  # cudaMalloc'd segments so far, the index into _real_addresses
+        self._next_addr = _FAKE_TOP  # the lowest fake address handed out so far
         self.allocated_bytes = 0
         self.reserved_bytes = 0
         self.peak_allocated_bytes = 0
@@ -303,13 +322,21 @@ class CachingAllocator:
             return None
         if self._expandable:
             return self._allocate_expandable(pool, size)
-        block = _Block(self._next_addr, alloc_size, pool, None)
-        self._next_addr += -(-alloc_size // ROUND_LARGE) * ROUND_LARGE
+        block = _Block(self._segment_base(alloc_size), alloc_size, pool, None)
         self.num_segments += 1
         self.reserved_bytes += alloc_size
         if self.reserved_bytes > self.peak_reserved_bytes:
             self.peak_reserved_bytes = self.reserved_bytes
         return block
+
+    def _segment_base(self, alloc_size: int) -> int:
+        """The address a cudaMalloc of ``alloc_size`` returns: the real one if known, else below all earlier."""
+        index = self._segments_created
+        self._segments_created += 1
+        if index < len(self._real_addresses):
+            return self._real_addresses[index]
+        self._next_addr -= -(-alloc_size // ROUND_LARGE) * ROUND_LARGE
+        return self._next_addr
 
     # -- merging and giving memory back -------------------------------------------------------------------------
 
@@ -440,8 +467,8 @@ class CachingAllocator:
                 return c
         page = SMALL_BUFFER if pool.small else LARGE_BUFFER
         va_bytes = -(-_EXPANDABLE_VA_BYTES // page) * page
+        self._next_addr -= va_bytes
         segment = _Segment(self._next_addr, page)
-        self._next_addr += va_bytes
         self.num_segments += 1
         candidate = _Block(segment.base, va_bytes, pool, segment)
         candidate.mapped = False
@@ -559,7 +586,8 @@ FREE = -1
 
 
 def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int]],
-           config: AllocatorConfig = AllocatorConfig(), *, capacity_bytes: int | None = None) -> Replay:
+           config: AllocatorConfig = AllocatorConfig(), *, capacity_bytes: int | None = None,
+           segment_addresses: Sequence[int] | None = None) -> Replay:
     """Replay an allocation stream through the simulated allocator.
 
     Args:
@@ -567,11 +595,13 @@ def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int
             ``key``; op -1 frees ``key`` (nbytes ignored). Keys may be reused once freed.
         config: allocator settings.
         capacity_bytes: memory cap (``set_per_process_memory_fraction``); None for no cap.
+        segment_addresses: real cudaMalloc segment bases in creation order, when replaying a recorded trace
+            (see ``CachingAllocator``); None gives fake addresses, as for any stream without a GPU.
 
     Returns:
         The peaks, and where the stream ran out of memory under the cap (replay stops there).
     """
-    sim = CachingAllocator(config, capacity_bytes=capacity_bytes)
+    sim = CachingAllocator(config, capacity_bytes=capacity_bytes, segment_addresses=segment_addresses)
     malloc = sim.malloc
     free = sim.free
     peak = 0
