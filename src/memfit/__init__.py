@@ -17,13 +17,19 @@ _EXPORTS: dict[str, str] = {
     "measure": "memfit.measure",
     "load_workload": "memfit.workload",
     "builtin_workload": "memfit.zoo",
+    "TrainStep": "memfit.guard",
+    "is_oom": "memfit.oom",
+    "count_tokens": "memfit.microbatch",
     # results
     "Estimate": "memfit.estimate",
     "Measurement": "memfit.measure",
+    "StepMetrics": "memfit.guard",
     # configuration
     "Workload": "memfit.workload",
     "AllocatorConfig": "memfit.allocator",
     "GpuSpec": "memfit.gpus",
+    "GuardConfig": "memfit.guard",
+    "BatchSplitter": "memfit.microbatch",
     # errors
     "MemfitError": "memfit.errors",
     "UsageError": "memfit.errors",
