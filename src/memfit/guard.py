@@ -323,8 +323,9 @@ class TrainStep:
             self.total_ooms += 1
             self._clean_steps = 0
             self._zero_grads()
+            # GradScaler needs nothing put back: during micro-batches it only multiplies losses; its scale and
+            # per-optimizer stage change in unscale_/step/update, which run after the last retry point.
             self._snapshot.restore()
-            self._reset_scaler_stage()
             new_size = min(r.proposed_size for r in reports)
             self._log_shrink(failure, reports, size, new_size, len(counts))
             if new_size == 0:
@@ -416,10 +417,13 @@ class TrainStep:
         if self._channel is not None:
             # SUM of (local samples / global samples) * local mean gradient = gradient of the global mean.
             reduce_gradients(self._module.parameters(), self._group, factor=samples / global_samples)
-        grad_norm = self._clip()
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
-        failure = None
+        # From here on nothing is retried: after an all-reduce, a retry would need a second agreement round,
+        # and once optimizer.step() began the parameters may be half-updated.
+        phase, failure, grad_norm = "clipping gradients", None, None
         try:
+            grad_norm = self._clip()
+            phase = "optimizer.step()"
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
             else:
@@ -429,12 +433,13 @@ class TrainStep:
                 raise
             failure = f"{type(exc).__name__}: {exc}"
         if failure is not None:
+            applied = ("nothing was applied" if phase == "clipping gradients"
+                       else "the update may have reached some parameters only")
             raise OptimizerStepOOMError(
-                f"Out of memory inside optimizer.step() at step {self.steps} ({failure.splitlines()[0]}). The "
-                "update may have been applied to some parameters only, so it is not retried; the gradients, "
-                "the GradScaler and the guard's counters are left as they were. Reload the last checkpoint, "
-                "and make the optimizer fit: pre-create its state before training, use foreach=False (smaller "
-                "temporaries), or see `memfit explain`."
+                f"Out of memory while {phase} at step {step} ({failure.splitlines()[0]}); {applied}, so it is "
+                "not retried. The gradients, the GradScaler and the guard's counters are left as they were. "
+                "Reload the last checkpoint and make the optimizer fit: create its state before training, use "
+                "foreach=False (smaller temporaries), or run `memfit explain`."
             )
         if self.scaler is not None:
             self.scaler.update()
@@ -484,12 +489,6 @@ class TrainStep:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         return nn.utils.clip_grad_norm_(list(self._params()), self.config.max_grad_norm)
-
-    def _reset_scaler_stage(self) -> None:
-        # GradScaler records per optimizer whether unscale_() ran since the last update(); a retried step must
-        # start from "ready". There is no public reset, so drop the record (a defaultdict re-creates it).
-        if self.scaler is not None:
-            self.scaler._per_optimizer_states.pop(id(self.optimizer), None)
 
     def _agree(self, report: Report) -> list[Report]:
         return [report] if self._channel is None else self._channel.exchange(report)
