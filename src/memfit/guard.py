@@ -316,6 +316,13 @@ class TrainStep:
                     nonfinite=nonfinite_index is not None,
                 )
             )
+            fatal = [i for i, r in enumerate(reports) if r.status == FATAL]
+            if fatal:
+                self._zero_grads()
+                raise RankAgreementError(
+                    f"Rank(s) {fatal} failed with an error that is not an out-of-memory during step {self.steps}; "
+                    "this rank stops too rather than wait. The cause is in the log of the failing rank."
+                )
             if not any(r.status == OOM for r in reports):
                 break
             # Recovery, outside any except block: the failed attempt's frames are gone, so are its tensors.
