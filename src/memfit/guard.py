@@ -379,7 +379,8 @@ class TrainStep:
                 raise
             allocated, reserved = _memory(self._run_device)
             failure = _Failure(phase, index, f"{type(exc).__name__}: {exc}", allocated, reserved)
-        return failure, losses
+        # A failed attempt returns nothing device-side, so memory is back at the pre-step baseline on return.
+        return failure, ([] if failure is not None else losses)
 
     def _finish(
         self,
