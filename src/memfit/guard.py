@@ -24,6 +24,8 @@ from memfit import microbatch
 from memfit._distributed_agree import FATAL, OK, OOM, RankChannel, Report, broadcast_buffers, reduce_gradients
 from memfit.errors import NumericsError, OptimizerStepOOMError, RankAgreementError, StepOOMError, UsageError
 from memfit.oom import is_oom
+from memfit.rollback import Snapshot, memory_in_use
+from memfit.sizing import MicroBatchSizer
 from memfit.units import format_bytes
 
 __all__ = ["GuardConfig", "StepMetrics", "TrainStep"]
@@ -33,11 +35,7 @@ logger = logging.getLogger(__name__)
 Precision = Literal["fp32", "bf16", "fp16"]
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
 
-_UNBOUNDED = 2**62  # "use the whole batch" on the wire, where sizes are int64
 _SCHEMA = 1
-# Grow only when the predicted peak at double the micro-batch stays below this share of the limit: the linear
-# prediction ignores fragmentation and workspaces, so leave a margin (a judgement, not a measurement).
-_GROW_HEADROOM = 0.85
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,56 +133,12 @@ class _Failure:
     reserved_bytes: int | None
 
 
-class _Snapshot:
-    """State that a forward pass changes and a retry must put back: norm statistics and RNG states.
-
-    The copies of the buffers are allocated once; each step only copies into them, so taking a snapshot does
-    not allocate on the device.
-    """
-
-    def __init__(self, module: nn.Module, device: torch.device) -> None:
-        self._buffers = [
-            b
-            for m in module.modules()
-            if isinstance(m, nn.modules.batchnorm._NormBase)
-            for b in m.buffers(recurse=False)
-        ]
-        self._saved = [torch.empty_like(b) for b in self._buffers]
-        self._device = device
-        self._cpu_rng: torch.Tensor | None = None
-        self._cuda_rng: torch.Tensor | None = None
-
-    def take(self) -> None:
-        for saved, buffer in zip(self._saved, self._buffers):
-            saved.copy_(buffer)
-        self._cpu_rng = torch.get_rng_state()
-        # Only this device's generator: get_rng_state_all() would create a context on every GPU of the host.
-        if self._device.type == "cuda":
-            self._cuda_rng = torch.cuda.get_rng_state(self._device)
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for saved, buffer in zip(self._saved, self._buffers):
-                buffer.copy_(saved)
-        if self._cpu_rng is not None:
-            torch.set_rng_state(self._cpu_rng)
-        if self._cuda_rng is not None:
-            torch.cuda.set_rng_state(self._cuda_rng, self._device)
-
-
 def _default_forward(module: nn.Module, micro_batch: Any) -> Any:
     if isinstance(micro_batch, dict):
         return module(**micro_batch)
     if isinstance(micro_batch, (tuple, list)):
         return module(micro_batch[0])
     return module(micro_batch)
-
-
-def _memory(device: torch.device) -> tuple[int | None, int | None]:
-    """(allocated, reserved) bytes on a CUDA device; host calls only, safe inside an except block."""
-    if device.type != "cuda":
-        return None, None
-    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
 
 
 class TrainStep:
@@ -251,11 +205,9 @@ class TrainStep:
         if scaler is not None and self.config.precision != "fp16":
             raise UsageError(f"A GradScaler is only used with precision='fp16', not {self.config.precision!r}.")
         self.scaler = scaler or (torch.amp.GradScaler(self._run_device.type) if self._owns_scaler else None)
-        self._snapshot: _Snapshot | None = None
+        self._snapshot: Snapshot | None = None
         # Adaptive state, all in state_dict().
-        self._size: int | None = self.config.micro_batch_size
-        self._failed: dict[tuple[tuple[int, ...], ...], int] = {}
-        self._clean_steps = 0
+        self._sizer = MicroBatchSizer(self.config.micro_batch_size, self.config.grow_after, self._run_device)
         self.steps = 0
         self.total_ooms = 0
         self.skipped_steps = 0
@@ -269,7 +221,7 @@ class TrainStep:
     @property
     def micro_batch_size(self) -> int | None:
         """The current micro-batch size (None: the whole batch), agreed by all ranks."""
-        return self._size
+        return self._sizer.size
 
     # -- the step ---------------------------------------------------------------------------------------------
 
@@ -283,19 +235,19 @@ class TrainStep:
             RankAgreementError: Another rank failed or did not answer in time.
         """
         if self._snapshot is None:
-            self._snapshot = _Snapshot(self._module, self._param_device)
+            self._snapshot = Snapshot(self._module, self._param_device)
         n_batch = self.splitter.size(batch)
         key_fn = getattr(self.splitter, "shape_key", None)
         key = key_fn(batch) if key_fn is not None else ()
-        track_peak = self.config.grow_after is not None and self._run_device.type == "cuda"
         self._zero_grads()  # set_to_none: no gradient memory until the first backward of this step
         self._snapshot.take()
-        if track_peak:
+        baseline_bytes = None
+        if self._sizer.measures_headroom:
             baseline_bytes = torch.cuda.memory_allocated(self._run_device)
             torch.cuda.reset_peak_memory_stats(self._run_device)
         ooms = 0
         while True:
-            size = min(self._size or n_batch, n_batch)
+            size = self._sizer.size_for(n_batch)
             micro_batches = self.splitter.split(batch, size)
             counts = self._counts(micro_batches)
             samples = sum(counts)
@@ -304,10 +256,9 @@ class TrainStep:
             del micro_batches  # views of the batch, or host objects; nothing device-side survives the attempt
             nonfinite_index = self._nonfinite_index(losses) if failure is None else None
             if failure is not None:
-                self._failed[key] = min(self._failed.get(key, _UNBOUNDED), size)
-                proposal = size // 2  # 0 means "already at 1": the step cannot be split further
+                proposal = self._sizer.shrink_proposal(key, size)  # 0: already at 1, cannot split further
             else:
-                proposal = self._grow_proposal(key, size, n_batch, baseline_bytes if track_peak else None)
+                proposal = self._sizer.keep_or_grow_proposal(key, size, n_batch, baseline_bytes)
             reports = self._agree(
                 Report(
                     status=OK if failure is None else OOM,
@@ -328,7 +279,7 @@ class TrainStep:
             # Recovery, outside any except block: the failed attempt's frames are gone, so are its tensors.
             ooms += 1
             self.total_ooms += 1
-            self._clean_steps = 0
+            self._sizer.clean_steps = 0  # on every rank, so that all ranks keep counting alike
             self._zero_grads()
             # GradScaler needs nothing put back: during micro-batches it only multiplies losses; its scale and
             # per-optimizer stage change in unscale_/step/update, which run after the last retry point.
@@ -337,7 +288,7 @@ class TrainStep:
             self._log_shrink(failure, reports, size, new_size, len(counts))
             if new_size == 0:
                 raise self._floor_error(failure, reports)
-            self._size = new_size
+            self._sizer.apply_shrink(new_size)
         return self._finish(
             reports=reports,
             losses=losses,
@@ -377,7 +328,7 @@ class TrainStep:
             if not is_oom(exc):
                 self._announce_fatal()
                 raise
-            allocated, reserved = _memory(self._run_device)
+            allocated, reserved = memory_in_use(self._run_device)
             failure = _Failure(phase, index, f"{type(exc).__name__}: {exc}", allocated, reserved)
         # A failed attempt returns nothing device-side, so memory is back at the pre-step baseline on return.
         return failure, ([] if failure is not None else losses)
@@ -457,8 +408,7 @@ class TrainStep:
         if self._ddp is not None and self._ddp.broadcast_buffers:
             broadcast_buffers(self._module, self._group)  # what DDP's forward would have done
         self.steps += 1
-        self._clean_steps += 1
-        self._apply_growth(reports)
+        self._sizer.apply_success(min(r.proposed_size for r in reports))
         return metrics(skip_reason, grad_norm)
 
     # -- helpers ----------------------------------------------------------------------------------------------
@@ -507,43 +457,12 @@ class TrainStep:
             with contextlib.suppress(RankAgreementError):
                 self._channel.exchange(Report(status=FATAL, samples=0, proposed_size=0, nonfinite=False))
 
-    def _grow_proposal(self, key: Any, size: int, n_batch: int, baseline_bytes: int | None) -> int:
-        if self._size is None:
-            return _UNBOUNDED
-        if self.config.grow_after is None or self._clean_steps + 1 < self.config.grow_after:
-            return self._size
-        candidate = self._size * 2
-        if candidate >= self._failed.get(key, _UNBOUNDED):
-            return self._size  # that size (or smaller) ran out of memory for this input shape
-        if size < n_batch and baseline_bytes is not None and not self._fits(size, candidate, baseline_bytes):
-            return self._size
-        return candidate
-
-    def _fits(self, size: int, candidate: int, baseline_bytes: int) -> bool:
-        # Activations scale with the micro-batch: peak(candidate) ~ baseline + (peak - baseline) * ratio.
-        peak_bytes = torch.cuda.max_memory_allocated(self._run_device)
-        predicted_bytes = baseline_bytes + (peak_bytes - baseline_bytes) * candidate / size
-        free_bytes, total_bytes = torch.cuda.mem_get_info(self._run_device)
-        limit_bytes = free_bytes + torch.cuda.memory_reserved(self._run_device)
-        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-        if fraction is not None:
-            limit_bytes = min(limit_bytes, int(fraction(self._run_device) * total_bytes))
-        return predicted_bytes <= _GROW_HEADROOM * limit_bytes
-
-    def _apply_growth(self, reports: list[Report]) -> None:
-        agreed = min(r.proposed_size for r in reports)
-        if self._size is not None and agreed > self._size:
-            logger.info("memfit guard: %d steps without OOM; micro-batch size %d -> %d",
-                        self._clean_steps, self._size, agreed)
-            self._size = agreed
-            self._clean_steps = 0
-
     def _log_shrink(self, failure: _Failure | None, reports: list[Report], size: int, new_size: int,
                     n_micro: int) -> None:
         ranks = [i for i, r in enumerate(reports) if r.status == OOM]
         where = (f"{failure.phase} of micro-batch {failure.index + 1}/{n_micro}" if failure is not None
                  else f"rank(s) {ranks}")
-        allocated, reserved = _memory(self._run_device)
+        allocated, reserved = memory_in_use(self._run_device)
         memory = ""
         if failure is not None and failure.allocated_bytes is not None:
             memory = (f"; at the OOM allocated {format_bytes(failure.allocated_bytes)}, reserved "
@@ -573,9 +492,7 @@ class TrainStep:
         """The adaptive state (micro-batch size, sizes that failed, counters, owned GradScaler)."""
         return {
             "schema": _SCHEMA,
-            "micro_batch_size": self._size,
-            "failed_sizes": [[[list(s) for s in key], size] for key, size in self._failed.items()],
-            "clean_steps": self._clean_steps,
+            **self._sizer.state_dict(),
             "steps": self.steps,
             "total_ooms": self.total_ooms,
             "skipped_steps": self.skipped_steps,
@@ -586,9 +503,7 @@ class TrainStep:
         """Resume from :meth:`state_dict`: the next step starts at the remembered micro-batch size."""
         if state.get("schema") != _SCHEMA:
             raise UsageError(f"TrainStep state has schema {state.get('schema')!r}; this memfit reads {_SCHEMA}.")
-        self._size = state["micro_batch_size"]
-        self._failed = {tuple(tuple(s) for s in key): int(size) for key, size in state["failed_sizes"]}
-        self._clean_steps = int(state["clean_steps"])
+        self._sizer.load_state_dict(state)
         self.steps = int(state["steps"])
         self.total_ooms = int(state["total_ooms"])
         self.skipped_steps = int(state["skipped_steps"])
