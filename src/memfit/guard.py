@@ -213,7 +213,7 @@ class TrainStep:
         self.skipped_steps = 0
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self._module.modules()):
             logger.warning(
-                "memfit guard: the model has BatchNorm layers. Their batch statistics are computed per "
+                "the model has BatchNorm layers. Their batch statistics are computed per "
                 "micro-batch, so results depend on the micro-batch size; the guard restores running statistics "
                 "after an OOM but cannot make them equal to a whole-batch pass. GroupNorm/LayerNorm avoid this."
             )
@@ -370,7 +370,7 @@ class TrainStep:
             self._zero_grads()
             skip_reason = "no samples (or no counted tokens) on any rank"
         if skip_reason is not None:
-            logger.warning("memfit guard: skipping step %d: %s", self.steps, skip_reason)
+            logger.warning("skipping step %d: %s", self.steps, skip_reason)
             self.skipped_steps += 1
             return metrics(skip_reason, None)
         if self._channel is not None:
@@ -469,7 +469,7 @@ class TrainStep:
                       f"{format_bytes(failure.reserved_bytes or 0)}; after cleanup allocated "
                       f"{format_bytes(allocated or 0)}, reserved {format_bytes(reserved or 0)}")
         rank = f" (rank {self._channel.rank}, OOM on ranks {ranks})" if self._channel is not None else ""
-        logger.warning("memfit guard: out of memory in %s at step %d%s; micro-batch size %d -> %s%s",
+        logger.warning("out of memory in %s at step %d%s; micro-batch size %d -> %s%s",
                        where, self.steps, rank, size, new_size or "none (already 1)", memory)
 
     def _floor_error(self, failure: _Failure | None, reports: list[Report]) -> StepOOMError:

@@ -85,7 +85,7 @@ class MicroBatchSizer:
         """Count a clean step and adopt the agreed proposal if it is larger."""
         self.clean_steps += 1
         if self.size is not None and agreed > self.size:
-            logger.info("memfit guard: %d steps without OOM; micro-batch size %d -> %d",
+            logger.info("%d steps without OOM; micro-batch size %d -> %d",
                         self.clean_steps, self.size, agreed)
             self.size = agreed
             self.clean_steps = 0
