@@ -29,7 +29,6 @@ import copy
 import datetime
 import json
 import logging
-import math
 import os
 import re
 import statistics

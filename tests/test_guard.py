@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest

@@ -213,7 +213,7 @@ class TrainStep:
         self.skipped_steps = 0
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self._module.modules()):
             logger.warning(
-                "the model has BatchNorm layers. Their batch statistics are computed per "
+                "The model has BatchNorm layers. Their batch statistics are computed per "
                 "micro-batch, so results depend on the micro-batch size; the guard restores running statistics "
                 "after an OOM but cannot make them equal to a whole-batch pass. GroupNorm/LayerNorm avoid this."
             )
@@ -321,7 +321,7 @@ class TrainStep:
                     if self.scaler is not None:
                         scaled = self.scaler.scale(scaled)
                     scaled.backward()
-                    losses.append(loss.detach() * weight)
+                    losses.append(loss.detach().float() * weight)
                     # Drop the output before the next forward: logits can be as large as the activations.
                     del output, loss, scaled, mb
         except Exception as exc:
