@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import socket
 import time
 from pathlib import Path
@@ -97,7 +98,7 @@ class RankInjector:
         return nn.functional.mse_loss(out, mb["y"])
 
 
-def run_scenario(rank: int, scenario: str, device: torch.device) -> dict[str, Any]:
+def run_scenario(rank: int, scenario: str, device: torch.device, out_dir: str) -> dict[str, Any]:
     result: dict[str, Any] = {"rank": rank}
     try:
         model = make_model().to(device)
@@ -116,7 +117,10 @@ def run_scenario(rank: int, scenario: str, device: torch.device) -> dict[str, An
                          micro_batch_size=8, agree_timeout_s=2 if never_arrives else 30)
         injector.step = step
         if never_arrives and rank == 1:
-            time.sleep(5)  # never calls step: rank 0 must time out with a clear error, not hang
+            # Never calls step: rank 0 must time out with a clear error, not hang. Stay alive until it has.
+            deadline = time.monotonic() + 60
+            while not (Path(out_dir) / "rank0.done").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
             return result
         sizes, ooms = [], []
         for batch in global_batches():
@@ -140,10 +144,14 @@ def worker(rank: int, world: int, port: int, scenarios: list[str], backend: str,
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    results = {scenario: run_scenario(rank, scenario, device) for scenario in scenarios}
+    results = {scenario: run_scenario(rank, scenario, device, out_dir) for scenario in scenarios}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    if "rank_never_arrives" not in scenarios:  # a timed-out gloo group cannot be torn down cleanly
-        dist.destroy_process_group()
+    (Path(out_dir) / f"rank{rank}.done").touch()
+    if "rank_never_arrives" in scenarios:
+        # A timed-out gloo group cannot be torn down cleanly; its destructor may abort the process at exit,
+        # which mp.spawn would report as a failure. The results are saved: leave without destructors.
+        os._exit(0)
+    dist.destroy_process_group()
 
 
 def run_ranks(scenarios: list[str], out_dir: Path, backend: str = "gloo") -> dict[str, list[dict[str, Any]]]:
