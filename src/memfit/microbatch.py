@@ -2,7 +2,7 @@
 
 A batch is a tensor, or a tuple/list/dict (nested freely) whose tensor leaves share their first dimension, the
 batch dimension. Leaves without a batch dimension (0-dim tensors, ints, strings) are given to every
-micro-batch unchanged. Anything else needs a ``split_fn``.
+micro-batch unchanged. Anything else needs a ``splitter`` (:class:`BatchSplitter`).
 
 Splitting uses ``Tensor.split``, which returns views: no micro-batch is copied, so splitting costs no memory.
 """
@@ -57,13 +57,13 @@ def batch_size(batch: Any) -> int:
     if not leaves:
         raise UsageError(
             f"Cannot find a batch dimension in a batch of type {type(batch).__name__}: no tensor with a first "
-            "dimension. Pass split_fn= (and count_fn=) to TrainStep for custom batches."
+            "dimension. Pass splitter= (a memfit.microbatch.BatchSplitter) and count_fn= to TrainStep for custom batches."
         )
     sizes = {t.shape[0] for t in leaves}
     if len(sizes) > 1:
         raise UsageError(
             f"Tensors in the batch disagree on the batch dimension (first dimension sizes {sorted(sizes)}). "
-            "Every tensor with a first dimension is split along it; pass split_fn= for other layouts."
+            "Every tensor with a first dimension is split along it; pass splitter= to TrainStep for other layouts."
         )
     return sizes.pop()
 
