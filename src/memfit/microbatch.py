@@ -57,7 +57,8 @@ def batch_size(batch: Any) -> int:
     if not leaves:
         raise UsageError(
             f"Cannot find a batch dimension in a batch of type {type(batch).__name__}: no tensor with a first "
-            "dimension. Pass splitter= (a memfit.microbatch.BatchSplitter) and count_fn= to TrainStep for custom batches."
+            "dimension. Pass splitter= (a memfit.microbatch.BatchSplitter) and count_fn= to TrainStep for "
+            "custom batches."
         )
     sizes = {t.shape[0] for t in leaves}
     if len(sizes) > 1:
