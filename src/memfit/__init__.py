@@ -12,11 +12,14 @@ __version__ = "0.1.0"
 
 # name -> module that defines it. Grouped: entry points, results, configuration.
 _EXPORTS: dict[str, str] = {
-    # entry points
+    # entry points: will it fit, why, keep it running, feed it
     "estimate": "memfit.estimate",
     "measure": "memfit.measure",
     "load_workload": "memfit.workload",
     "builtin_workload": "memfit.zoo",
+    "TrainStep": "memfit.guard",
+    "is_oom": "memfit.oom",
+    "count_tokens": "memfit.microbatch",
     "collect_rank_memory": "memfit.ranks",
     "gather_rank_memory": "memfit.ranks",
     "diagnose": "memfit.ranks",
@@ -28,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     # results
     "Estimate": "memfit.estimate",
     "Measurement": "memfit.measure",
+    "StepMetrics": "memfit.guard",
     "RankMemory": "memfit.ranks",
     "RankReport": "memfit.ranks",
     "Finding": "memfit.ranks",
@@ -40,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "Workload": "memfit.workload",
     "AllocatorConfig": "memfit.allocator",
     "GpuSpec": "memfit.gpus",
+    "GuardConfig": "memfit.guard",
+    "BatchSplitter": "memfit.microbatch",
     # data (memfit.data holds the rest)
     "TileDataset": "memfit.data.rasters",
     "RandomTileDataset": "memfit.data.rasters",
