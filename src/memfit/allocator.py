@@ -583,6 +583,7 @@ class Replay:
 
 ALLOC = 1
 FREE = -1
+SOFT_ALLOC = 2  # an allocation whose OOM the caller survives (cuDNN workspace fallback)
 
 
 def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int]],
@@ -592,7 +593,9 @@ def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int
 
     Args:
         events: ``(op, key, nbytes)``: op +1 allocates ``nbytes`` (the raw request, before rounding) under
-            ``key``; op -1 frees ``key`` (nbytes ignored). Keys may be reused once freed.
+            ``key``; op -1 frees ``key`` (nbytes ignored); op +2 is an optional allocation that may fail without
+            an OOM (a library workspace: PyTorch's cuDNN code catches the OOM and falls back to an algorithm
+            with less workspace), and its free is then ignored. Keys may be reused once freed.
         config: allocator settings.
         capacity_bytes: memory cap (``set_per_process_memory_fraction``); None for no cap.
         segment_addresses: real cudaMalloc segment bases in creation order, when replaying a recorded trace
@@ -607,20 +610,28 @@ def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int
     peak = 0
     peak_index = 0
     oom_index = None
+    skipped: set[int] = set()
     for index, (op, key, nbytes) in enumerate(events):
-        if op == ALLOC:
+        if op == ALLOC or op == SOFT_ALLOC:
             try:
                 malloc(key, nbytes)
             except SimulatedOOM:
+                if op == SOFT_ALLOC:
+                    # the failed attempt already flushed the cache, as the real allocator does before raising
+                    skipped.add(key)
+                    continue
                 oom_index = index
                 break
             if sim.allocated_bytes > peak:
                 peak = sim.allocated_bytes
                 peak_index = index
         elif op == FREE:
-            free(key)
+            if key in skipped:
+                skipped.discard(key)
+            else:
+                free(key)
         else:
-            raise UsageError(f"event {index}: op must be +1 (alloc) or -1 (free), got {op!r}.")
+            raise UsageError(f"event {index}: op must be +1 (alloc), +2 (optional alloc) or -1 (free), got {op!r}.")
     return Replay(
         peak_allocated_bytes=sim.peak_allocated_bytes,
         peak_reserved_bytes=sim.peak_reserved_bytes,

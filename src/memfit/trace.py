@@ -23,6 +23,7 @@ from memfit.errors import TraceError, WorkloadError
 from memfit.gpus import GpuSpec
 from memfit.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload import Workload
+from memfit.workspaces import conv_workspace_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Alloc:
     shape: tuple[int, ...]
     dtype: str
     category: str
+    optional: bool = False
+    """A library workspace that the library does without when memory is short (cuDNN picks another algorithm)."""
 
 
 @dataclass
@@ -64,7 +67,10 @@ class Trace:
     def events(self) -> list[tuple[int, int, int]]:
         """(op, key, requested bytes) triples for the allocator simulator."""
         allocs = self.allocs
-        return [(o, k, allocs[k].nbytes if o > 0 else 0) for o, k in zip(self.ops, self.keys)]
+        return [
+            ((2 if allocs[k].optional else 1), k, allocs[k].nbytes) if o > 0 else (-1, k, 0)
+            for o, k in zip(self.ops, self.keys)
+        ]
 
     def phase_at(self, index: int) -> tuple[str, int]:
         phase, step = "init", 0
@@ -154,10 +160,40 @@ class _Recorder(tp.TorchDispatchMode):
                 f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit cannot "
                 "trace it without running it for real. Use `memfit measure` on a GPU for this model."
             ) from exc
+        if name == "convolution":
+            self.track(out, name)
+            self._transient(self._conv_workspace(args[0], args[1], out, args[3], args[6], args[8]))
+            return out
+        if name == "convolution_backward":
+            grad_input, grad_weight, grad_bias = out
+            # cuDNN runs two calls, data then filter gradient, each with its own transient workspace
+            if grad_input is not None:
+                self.track(grad_input, name)
+                self._transient(self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9]))
+            for t in (grad_weight, grad_bias):
+                if t is not None:
+                    self.track(t, name)
+            if grad_weight is not None:
+                self._transient(self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9]))
+            return out
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t, name)
         return out
+
+    def _conv_workspace(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any, transposed: bool,
+                        groups: int) -> int:
+        return conv_workspace_bytes(
+            x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
+            transposed=transposed, half=x.element_size() == 2,
+        )
+
+    def _transient(self, nbytes: int) -> None:
+        """A block a library takes inside one call and gives back before the call returns."""
+        if nbytes > 0:
+            key = self._alloc(nbytes, "cudnn_workspace", (), "uint8", "workspaces")
+            self.trace.allocs[key].optional = True
+            self._free(key)
 
     def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
