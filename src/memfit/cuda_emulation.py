@@ -203,6 +203,52 @@ def _cuda_sdpa(
     return out
 
 
+class _CudnnLSTM(torch.autograd.Function):
+    """Allocates what cuDNN's fused LSTM keeps: outputs, a reserve buffer for backward, and its backward
+    transients (memfit.workspaces has the measured rule). No arithmetic: shapes and lifetimes only."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, layers: int, directions: int,
+                batch_first: bool, *params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from memfit.workspaces import lstm_reserve_bytes
+
+        batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
+        hidden = hx.shape[-1]
+        out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
+        output = input.new_empty(out_shape)
+        reserve = input.new_empty(
+            lstm_reserve_bytes(seq, batch, hidden, layers, directions, input.element_size()), dtype=torch.uint8
+        )
+        ctx.save_for_backward(input, hx, cx, output, reserve, *params)
+        ctx.dims = (seq, batch, hidden, layers, directions)
+        return output, hx.new_empty(hx.shape), cx.new_empty(cx.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_hy: torch.Tensor, grad_cy: torch.Tensor) -> Any:
+        from memfit.workspaces import lstm_backward_transient_bytes
+
+        input, hx, cx, output, reserve, *params = ctx.saved_tensors
+        seq, batch, hidden, layers, directions = ctx.dims
+        workspace = input.new_empty(
+            lstm_backward_transient_bytes(seq, batch, hidden, layers, directions, input.element_size()),
+            dtype=torch.uint8,
+        )
+        del workspace  # taken and given back inside the cuDNN call
+        grads = [p.new_empty(p.shape) for p in params]
+        return (input.new_empty(input.shape), hx.new_empty(hx.shape), cx.new_empty(cx.shape), None, None, None,
+                *grads)
+
+
+def _cuda_lstm(input: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor], has_biases: bool,
+               num_layers: int, dropout: float, train: bool, bidirectional: bool,
+               batch_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # aten/src/ATen/native/RNN.cpp: on CUDA, nn.LSTM runs cuDNN's fused RNN (_cudnn_rnn) whenever cuDNN accepts
+    # the input; on CPU it runs layer-by-layer cells with different saved tensors.
+    directions = 2 if bidirectional else 1
+    out, hy, cy = _CudnnLSTM.apply(input, hx[0], hx[1], num_layers, directions, batch_first, *params)
+    return out, hy, cy
+
+
 class CudaSemantics:
     """Context manager: while inside, CPU (fake) tensors allocate as CUDA kernels would.
 
@@ -230,6 +276,7 @@ class CudaSemantics:
             lib.impl(name, tp.fallthrough_kernel, "AutocastCPU")
         lib.impl("dropout", _cuda_dropout, "CompositeImplicitAutograd")
         lib.impl("scaled_dot_product_attention", _cuda_sdpa, "CompositeImplicitAutograd")
+        lib.impl("lstm.input", _cuda_lstm, "CompositeImplicitAutograd")
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
         self._saved_clear = torch.clear_autocast_cache
         saved, cache = self._saved_clear, self.cache

@@ -9,6 +9,7 @@ few hundred MB of host memory.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -229,7 +230,20 @@ class _Recorder(tp.TorchDispatchMode):
 
 
 def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STEPS) -> Trace:
-    """Run the protocol of ``workload`` on fake CPU tensors with CUDA semantics and return its event stream."""
+    """Run the protocol of ``workload`` on fake CPU tensors with CUDA semantics and return its event stream.
+
+    Steps from the third on repeat the second (optimizer state exists from step 1 on, so step 2 is the steady
+    state): they are copied rather than traced, which saves a third of the time. If step 2 does not hand over
+    to its successor exactly as step 1 handed over to it, every step is traced instead.
+    """
+    if steps > 2:
+        trace = _trace(workload, gpu, steps=2)
+        if _repeat_last_step(trace, steps - 2):
+            return trace
+    return _trace(workload, gpu, steps=steps)
+
+
+def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
     recorder = _Recorder(gpu)
     fake_mode = tp.FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     hooks = [
@@ -263,7 +277,58 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
     finally:
         for h in hooks:
             h.remove()
-    return recorder.trace
+    trace = recorder.trace
+    # frees after the last step come from tearing the model down: no peak is there
+    end = next(at for at, name, _ in reversed(trace.phase_marks) if name == "end")
+    del trace.ops[end:], trace.keys[end:]
+    return trace
+
+
+def _repeat_last_step(trace: Trace, times: int) -> bool:
+    """Append ``times`` copies of the last traced step; False (trace untouched) if it is not a steady state."""
+    marks = trace.phase_marks
+    last = max(s for _, name, s in marks if name == "zero_grad")
+    start = next(at for at, name, s in marks if name == "zero_grad" and s == last)
+    end = len(trace.ops)
+    ops, keys = trace.ops[start:end], trace.keys[start:end]
+    born_at: dict[int, int] = {}
+    alive: set[int] = set()
+    for i, (o, k) in enumerate(zip(trace.ops, trace.keys)):
+        if o > 0:
+            born_at[k] = i
+            alive.add(k)
+        else:
+            alive.discard(k)
+    born_here = {k for o, k in zip(ops, keys) if o > 0}
+    # what the step frees that earlier steps made (last step's grads...) must match what it leaves behind
+    handed_in = sorted((k for o, k in zip(ops, keys) if o < 0 and k not in born_here), key=born_at.__getitem__)
+    handed_out = sorted((k for k in born_here if k in alive), key=born_at.__getitem__)
+    allocs = trace.allocs
+    if len(handed_in) != len(handed_out) or any(
+        allocs[a].nbytes != allocs[b].nbytes for a, b in zip(handed_in, handed_out)
+    ):
+        return False
+    step_marks = [(at - start, name, s) for at, name, s in marks if at >= start and name != "end"]
+    end_mark = marks[-1]
+    del marks[-1]
+    carry = dict(zip(handed_in, handed_out))
+    for rep in range(1, times + 1):
+        offset = len(trace.ops)
+        marks.extend((offset + at, name, s + rep) for at, name, s in step_marks)
+        renamed: dict[int, int] = {}
+        for o, k in zip(ops, keys):
+            if o > 0:
+                new = len(allocs)
+                allocs.append(dataclasses.replace(allocs[k], step=allocs[k].step + rep))
+                renamed[k] = new
+                trace.ops.append(1)
+                trace.keys.append(new)
+            else:
+                trace.ops.append(-1)
+                trace.keys.append(renamed[k] if k in renamed else carry[k])
+        carry = {k_in: renamed[k_out] for k_in, k_out in zip(handed_in, handed_out)}
+    marks.append((len(trace.ops), "end", end_mark[2] + times))
+    return True
 
 
 def _cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
