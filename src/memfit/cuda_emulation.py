@@ -210,12 +210,17 @@ class _CudnnLSTM(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, layers: int, directions: int,
                 batch_first: bool, *params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        from memfit.workspaces import lstm_reserve_bytes
+        from memfit.workspaces import lstm_forward_transient_bytes, lstm_reserve_bytes
 
         batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
         hidden = hx.shape[-1]
         out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
         output = input.new_empty(out_shape)
+        workspace = input.new_empty(
+            lstm_forward_transient_bytes(seq, batch, hidden, layers, directions, input.element_size()),
+            dtype=torch.uint8,
+        )
+        del workspace  # taken and given back inside the cuDNN call
         reserve = input.new_empty(
             lstm_reserve_bytes(seq, batch, hidden, layers, directions, input.element_size()), dtype=torch.uint8
         )

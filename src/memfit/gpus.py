@@ -25,6 +25,8 @@ class GpuSpec:
     """Device memory outside the caching allocator once CUDA, cuBLAS and cuDNN are initialised."""
     cublas_workspace_bytes: int
     """cuBLAS workspace per (handle, stream); CublasHandlePool.cpp: 4096*8*1024 on sm90+, 8.125 MiB before."""
+    sm_count: int = 132
+    """Streaming multiprocessors: CUDA's reductions size their staging buffers by it."""
     bf16_tflops: float = 0.0
     """Dense bf16 tensor-core peak (datasheet), for the speed model."""
     memory_bandwidth_gbs: float = 0.0
@@ -59,6 +61,7 @@ GPUS: dict[str, GpuSpec] = {
         name="NVIDIA A100-SXM4-80GB",
         total_bytes=80 * GiB,
         compute_capability=(8, 0),
+        sm_count=108,
         cuda_context_bytes=512 * MiB,
         cublas_workspace_bytes=_CUBLAS_PRE_SM90,
         bf16_tflops=312.0,
@@ -68,6 +71,7 @@ GPUS: dict[str, GpuSpec] = {
         name="NVIDIA GeForce RTX 4090",
         total_bytes=24 * GiB,
         compute_capability=(8, 9),
+        sm_count=128,
         cuda_context_bytes=512 * MiB,
         cublas_workspace_bytes=_CUBLAS_PRE_SM90,
         bf16_tflops=165.0,
@@ -100,6 +104,7 @@ def detect_gpu() -> GpuSpec | None:
         compute_capability=cap,
         cuda_context_bytes=base.cuda_context_bytes,
         cublas_workspace_bytes=_CUBLAS_SM90 if cap >= (9, 0) else _CUBLAS_PRE_SM90,
+        sm_count=props.multi_processor_count,
         bf16_tflops=base.bf16_tflops,
         memory_bandwidth_gbs=base.memory_bandwidth_gbs,
     )

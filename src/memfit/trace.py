@@ -24,7 +24,7 @@ from memfit.errors import TraceError, WorkloadError
 from memfit.gpus import GpuSpec
 from memfit.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload import Workload
-from memfit.workspaces import conv_workspace_bytes
+from memfit import workspaces as ws
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +180,46 @@ class _Recorder(tp.TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t, name)
+        extra = self._kernel_transient(name, args, out)
+        if extra > 0:
+            key = self._alloc(extra, f"{name}_scratch", (), "uint8", "workspaces")
+            self._free(key)
         return out
+
+    def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
+        """Scratch memory a CUDA kernel takes and gives back inside one op (memfit.workspaces has the rules)."""
+        if name == "sum" and isinstance(out, torch.Tensor) and args[0].is_floating_point():
+            x = args[0]
+            dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
+            if x.dim() and 0 in [d % x.dim() for d in dims] and out.numel() > 1:
+                return ws.reduction_staging_bytes(x.numel(), out.numel(), self.gpu.sm_count)
+            return 0
+        if name == "_softmax_backward_data":
+            x = args[0]
+            return ws.softmax_backward_bytes(x.numel() * x.element_size(), args[2] % x.dim() == x.dim() - 1)
+        if name in ("native_layer_norm", "native_layer_norm_backward"):
+            x = args[0] if name == "native_layer_norm" else args[1]
+            # the CUDA kernel makes a contiguous copy of a permuted input (ConvNeXt, Swin)
+            return 0 if x.is_contiguous() else x.numel() * x.element_size()
+        if name == "roll":
+            x = args[0]
+            # one intermediate per rolled dimension but the last
+            return max(len(args[2]) - 1, 0) * x.numel() * x.element_size() if len(args) > 2 else 0
+        if name.startswith("upsample_") and name.endswith("_backward"):
+            return args[0].numel() * args[0].element_size()
+        if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+            q = args[1]
+            return ws.attention_backward_bytes(q.numel() * q.element_size(), q.shape[0] * q.shape[1] * q.shape[2])
+        if name == "embedding_dense_backward":
+            grad, indices = args[0], args[1]
+            return grad.numel() * grad.element_size() + 16 * indices.numel()
+        if name == "binary_cross_entropy_with_logits":
+            return 2 * args[0].numel() * args[0].element_size()
+        return 0
 
     def _conv_workspace(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any, transposed: bool,
                         groups: int) -> int:
-        return conv_workspace_bytes(
+        return ws.conv_workspace_bytes(
             x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
             transposed=transposed, half=x.element_size() == 2,
         )
