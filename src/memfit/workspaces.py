@@ -67,13 +67,14 @@ MiB = 1 << 20
 
 
 def reduction_staging_bytes(numel: int, out_numel: int, sm_count: int) -> int:
-    """``sum`` over leading dims (bias gradients): CUDA's two-pass reduction stages partial sums in global
-    memory, 8 bytes per input element up to about 1 MiB per SM; narrow outputs (< 192 columns) stage less.
-    Matched 28 measured calls within 10 % (convnext, ViT, GPT-2, Swin-UNETR, LSTM)."""
-    if out_numel >= 192:
-        return min(8 * numel, sm_count * MiB)
-    if out_numel >= 96:
-        return min(2 * numel, sm_count * MiB // 5)
+    """``sum`` over leading dims (bias and norm-weight gradients): CUDA's two-pass reduction stages partial
+    sums in global memory, 8 bytes per input element, up to 4 KiB per SM for each of up to 256 output columns;
+    narrower outputs use a vectorised layout that stages a quarter of that. Matched all 28 measured calls (80
+    to 256+ columns, 0.3 to 82 M elements) within 7 %, most exactly."""
+    if out_numel >= 128:
+        return min(8 * numel, min(out_numel, 256) * sm_count * 4096)
+    if out_numel >= 64:
+        return min(2 * numel, out_numel * sm_count * 2048)
     return min(numel // 2, 3 * MiB)
 
 
