@@ -10,3 +10,68 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001
     for item in items:
         if "gpu" in item.keywords or "multigpu" in item.keywords:
             item.add_marker(skip)
+
+
+class StrictFakeCuda:
+    """The memory, RNG and device calls of ``torch.cuda`` for a pretend GPU ("mock the hardware, not the math").
+
+    As strict about device arguments as the strictest torch versions (``set_per_process_memory_fraction``, and
+    ``get_rng_state`` and friends in some releases): an ``int`` or an indexed ``cuda`` device. A bare
+    ``torch.device("cuda")`` or ``None`` raises the ``ValueError`` torch raises, so code that relies on torch
+    filling in the current device fails on CPU too.
+    """
+
+    def __init__(self, current: int) -> None:
+        self.current = current
+        self.calls: list[tuple[str, int]] = []
+        self.rng_state = torch.arange(16, dtype=torch.uint8)
+        self.rng_sets: list[torch.Tensor] = []
+
+    def _index(self, name: str, device: object) -> int:
+        if isinstance(device, str):
+            device = torch.device(device)
+        if isinstance(device, torch.device) and device.type == "cuda" and device.index is not None:
+            device = device.index
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        self.calls.append((name, device))
+        return device
+
+    def _answer(self, name: str, value: object) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            device = kwargs.get("device", args[-1] if args else None)
+            self._index(name, device)
+            if name == "set_rng_state":
+                self.rng_sets.append(args[0] if args else kwargs["new_state"])  # type: ignore[arg-type]
+            return value() if callable(value) else value
+
+        return call
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> "StrictFakeCuda":
+        gib = 2**30
+        answers: dict[str, object] = {
+            "memory_allocated": 3 * gib,
+            "memory_reserved": 4 * gib,
+            "max_memory_allocated": 5 * gib,
+            "reset_peak_memory_stats": None,
+            "mem_get_info": (60 * gib, 80 * gib),
+            "get_per_process_memory_fraction": 1.0,
+            "get_rng_state": self.rng_state.clone,
+            "set_rng_state": None,
+        }
+        for name, value in answers.items():
+            monkeypatch.setattr(torch.cuda, name, self._answer(name, value), raising=False)
+
+        def memory_summary(device: object = None, abbreviated: bool = False) -> str:
+            self._index("memory_summary", device)
+            return "fake summary"
+
+        monkeypatch.setattr(torch.cuda, "memory_summary", memory_summary)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        return self
+
+
+@pytest.fixture
+def strict_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> StrictFakeCuda:
+    """A pretend GPU whose current device is 1 (so a call that fell back to 0 would show)."""
+    return StrictFakeCuda(current=1).install(monkeypatch)

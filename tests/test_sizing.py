@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import StrictFakeCuda
 from memfit.sizing import UNBOUNDED, MicroBatchSizer
 
 GIB = 2**30
@@ -58,6 +59,16 @@ def test_memory_fraction_caps_the_limit(fake_cuda: dict[str, int], monkeypatch: 
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.5, raising=False)
     sizer = MicroBatchSizer(8, 1, torch.device("cuda", 0))
     assert sizer.keep_or_grow_proposal(KEY, 8, 64, 20 * GIB) == 8  # 40 GiB predicted > 85 % of 40 GiB
+
+
+def test_headroom_of_a_bare_cuda_device_is_read_with_its_index(strict_fake_cuda: StrictFakeCuda) -> None:
+    """torch.device("cuda") without an index made get_per_process_memory_fraction raise on the H200."""
+    sizer = MicroBatchSizer(8, 1, torch.device("cuda"))
+    # fake: peak 5 GiB, baseline 3 GiB -> 7 GiB predicted at 16; limit = 60 GiB free + 4 GiB reserved
+    assert sizer.keep_or_grow_proposal(KEY, 8, 64, 3 * GIB) == 16
+    called = {name for name, _ in strict_fake_cuda.calls}
+    assert {"max_memory_allocated", "mem_get_info", "memory_reserved", "get_per_process_memory_fraction"} <= called
+    assert {index for _, index in strict_fake_cuda.calls} == {1}
 
 
 def test_never_grows_to_a_size_that_failed(fake_cuda: dict[str, int]) -> None:

@@ -23,8 +23,9 @@ from torch.nn.parallel import DistributedDataParallel
 from memfit import microbatch
 from memfit._distributed_agree import FATAL, OK, OOM, RankChannel, Report, broadcast_buffers, reduce_gradients
 from memfit.errors import NumericsError, OptimizerStepOOMError, RankAgreementError, StepOOMError, UsageError
+from memfit.numerics import LossWatch
 from memfit.oom import is_oom
-from memfit.rollback import Snapshot, memory_in_use
+from memfit.rollback import Snapshot, memory_in_use, resolve_device
 from memfit.sizing import MicroBatchSizer
 from memfit.units import format_bytes
 
@@ -53,8 +54,8 @@ class GuardConfig:
     never to a size that ran out of memory for the same input shape. None: never grow. On CUDA this resets the
     peak-memory statistics at every step."""
     on_nonfinite: NonFinitePolicy = "raise"
-    """What to do with a NaN/inf loss: raise NumericsError, skip the step, or ignore. "raise" and "skip" cost
-    one host sync per step."""
+    """What to do with a NaN/inf loss: raise NumericsError, skip the step, or ignore. "raise" and "skip" copy
+    one flag to the host per step, queued after the last forward so that the GPU does not wait for it."""
     agree_timeout_s: float = 300.0
     """Distributed only: how long a rank waits for the others before raising RankAgreementError."""
 
@@ -187,7 +188,8 @@ class TrainStep:
         self.forward_fn = forward_fn or _default_forward
         self.splitter: microbatch.BatchSplitter = splitter or microbatch.TensorSplitter()
         self.count_fn = count_fn or self.splitter.size
-        self.device = torch.device(device) if device is not None else None
+        # "cuda" becomes "cuda:<current>" here, once: several CUDA calls reject a device without an index.
+        self.device = resolve_device(device) if device is not None else None
         # Under DDP, micro-batches call the wrapped module directly: no reducer hooks, no buffer broadcast,
         # so nothing inside a micro-batch is a collective (see _distributed_agree).
         self._ddp = model if isinstance(model, DistributedDataParallel) else None
@@ -199,13 +201,14 @@ class TrainStep:
             self._channel = channel if channel.world_size > 1 else None
         self._group = group
         param = next(self._module.parameters(), None)
-        self._param_device = param.device if param is not None else torch.device("cpu")
+        self._param_device = resolve_device(param.device) if param is not None else torch.device("cpu")
         self._run_device = self.device or self._param_device
         self._owns_scaler = scaler is None and self.config.precision == "fp16"
         if scaler is not None and self.config.precision != "fp16":
             raise UsageError(f"A GradScaler is only used with precision='fp16', not {self.config.precision!r}.")
         self.scaler = scaler or (torch.amp.GradScaler(self._run_device.type) if self._owns_scaler else None)
         self._snapshot: Snapshot | None = None
+        self._watch = LossWatch()
         # Adaptive state, all in state_dict().
         self._sizer = MicroBatchSizer(self.config.micro_batch_size, self.config.grow_after, self._run_device)
         self.steps = 0
@@ -235,7 +238,7 @@ class TrainStep:
             RankAgreementError: Another rank failed or did not answer in time.
         """
         if self._snapshot is None:
-            self._snapshot = Snapshot(self._module, self._param_device)
+            self._snapshot = Snapshot(self._module, self._run_device)  # dropout draws from the run device's RNG
         n_batch = self.splitter.size(batch)
         key_fn = getattr(self.splitter, "shape_key", None)
         key = key_fn(batch) if key_fn is not None else ()
@@ -243,8 +246,8 @@ class TrainStep:
         self._snapshot.take()
         baseline_bytes = None
         if self._sizer.measures_headroom:
-            baseline_bytes = torch.cuda.memory_allocated(self._run_device)
-            torch.cuda.reset_peak_memory_stats(self._run_device)
+            baseline_bytes = torch.cuda.memory_allocated(self._run_device.index)
+            torch.cuda.reset_peak_memory_stats(self._run_device.index)
         ooms = 0
         while True:
             size = self._sizer.size_for(n_batch)
@@ -252,9 +255,9 @@ class TrainStep:
             counts = self._counts(micro_batches)
             samples = sum(counts)
             weights = [c / samples if samples else 0.0 for c in counts]
-            failure, losses = self._attempt(micro_batches, weights)
+            failure, losses, loss_index = self._attempt(micro_batches, weights)
             del micro_batches  # views of the batch, or host objects; nothing device-side survives the attempt
-            nonfinite_index = self._nonfinite_index(losses) if failure is None else None
+            nonfinite_index = self._nonfinite_index(loss_index) if failure is None else None
             if failure is not None:
                 proposal = self._sizer.shrink_proposal(key, size)  # 0: already at 1, cannot split further
             else:
@@ -298,9 +301,15 @@ class TrainStep:
 
     def _attempt(
         self, micro_batches: Any, weights: list[float]
-    ) -> tuple[_Failure | None, list[torch.Tensor]]:
-        """Forward, loss and backward of every micro-batch; returns where it ran out of memory, if it did."""
+    ) -> tuple[_Failure | None, list[torch.Tensor], list[int]]:
+        """Forward, loss and backward of every micro-batch; returns where it ran out of memory, if it did.
+
+        Also returns the weighted losses and the index of the micro-batch each came from.
+        """
         losses: list[torch.Tensor] = []
+        loss_index: list[int] = []
+        last = max((i for i, w in enumerate(weights) if w != 0.0), default=-1)
+        watch = self.config.on_nonfinite != "ignore"
         phase, index, failure = "forward", 0, None
         no_sync = self._ddp.no_sync() if self._ddp is not None else contextlib.nullcontext()
         try:
@@ -320,8 +329,13 @@ class TrainStep:
                     scaled = loss * weight
                     if self.scaler is not None:
                         scaled = self.scaler.scale(scaled)
-                    scaled.backward()
                     losses.append(loss.detach().float() * weight)
+                    loss_index.append(index)
+                    if watch and index == last:
+                        # Every loss exists now: queue their finiteness check before the last backward, so its
+                        # copy to the host completes while the GPU runs that backward (see memfit.numerics).
+                        self._watch.record(losses)
+                    scaled.backward()
                     # Drop the output before the next forward: logits can be as large as the activations.
                     del output, loss, scaled, mb
         except Exception as exc:
@@ -331,7 +345,10 @@ class TrainStep:
             allocated, reserved = memory_in_use(self._run_device)
             failure = _Failure(phase, index, f"{type(exc).__name__}: {exc}", allocated, reserved)
         # A failed attempt returns nothing device-side, so memory is back at the pre-step baseline on return.
-        return failure, ([] if failure is not None else losses)
+        if failure is not None:
+            self._watch.clear()
+            return failure, [], []
+        return failure, losses, loss_index
 
     def _finish(
         self,
@@ -434,12 +451,14 @@ class TrainStep:
             return [int(c) for c in torch.stack([torch.as_tensor(c).reshape(()) for c in raw]).tolist()]
         return [int(c) for c in raw]
 
-    def _nonfinite_index(self, losses: list[torch.Tensor]) -> int | None:
-        if self.config.on_nonfinite == "ignore" or not losses:
+    def _nonfinite_index(self, loss_index: list[int]) -> int | None:
+        """The micro-batch whose loss is not finite, or None; waits only for the copy queued before backward."""
+        if self.config.on_nonfinite == "ignore" or not loss_index:
             return None
-        if bool(torch.isfinite(torch.stack(losses)).all()):  # the step's one host sync
-            return None
-        return next(i for i, value in enumerate(losses) if not bool(torch.isfinite(value)))
+        finite = self._watch.all_finite()
+        position = None if finite else self._watch.first_nonfinite()
+        self._watch.clear()
+        return None if position is None else loss_index[position]
 
     def _clip(self) -> torch.Tensor | None:
         if self.config.max_grad_norm is None:
@@ -475,7 +494,7 @@ class TrainStep:
     def _floor_error(self, failure: _Failure | None, reports: list[Report]) -> StepOOMError:
         summary = ""
         if self._run_device.type == "cuda":
-            summary = "\n" + torch.cuda.memory_summary(self._run_device, abbreviated=True)
+            summary = "\n" + torch.cuda.memory_summary(self._run_device.index, abbreviated=True)
         origin = (f"{failure.phase} of micro-batch {failure.index + 1}: {failure.message.splitlines()[0]}"
                   if failure is not None else
                   f"on rank(s) {[i for i, r in enumerate(reports) if r.proposed_size == 0]}")

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from memfit.rollback import resolve_device
+
 logger = logging.getLogger(__name__)
 
 UNBOUNDED = 2**62  # "the whole batch", as an int64 on the wire
@@ -34,7 +36,7 @@ class MicroBatchSizer:
     def __init__(self, start: int | None, grow_after: int | None, device: torch.device) -> None:
         self.size = start
         self.grow_after = grow_after
-        self.device = device
+        self.device = resolve_device(device)  # CUDA calls below get an index, never a bare "cuda"
         self.failed: dict[ShapeKey, int] = {}
         self.clean_steps = 0
 
@@ -69,13 +71,14 @@ class MicroBatchSizer:
     def _fits(self, size: int, candidate: int, baseline_bytes: int) -> bool:
         # Activations scale with the micro-batch: peak(candidate) ~ baseline + (peak - baseline) * ratio.
         # Conservative: gradients are in (peak - baseline) but do not grow with the micro-batch.
-        peak_bytes = torch.cuda.max_memory_allocated(self.device)
+        index = self.device.index
+        peak_bytes = torch.cuda.max_memory_allocated(index)
         predicted_bytes = baseline_bytes + (peak_bytes - baseline_bytes) * candidate / size
-        free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
-        limit_bytes = free_bytes + torch.cuda.memory_reserved(self.device)
+        free_bytes, total_bytes = torch.cuda.mem_get_info(index)
+        limit_bytes = free_bytes + torch.cuda.memory_reserved(index)
         fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.6
         if fraction is not None:
-            limit_bytes = min(limit_bytes, int(fraction(self.device) * total_bytes))
+            limit_bytes = min(limit_bytes, int(fraction(index) * total_bytes))
         return predicted_bytes <= GROW_HEADROOM * limit_bytes
 
     def apply_shrink(self, agreed: int) -> None:
