@@ -109,7 +109,9 @@ def list_builtins() -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # standalone_mode=False hands back typer.Exit codes instead of raising them
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except MemfitError as exc:
         typer.echo(f"memfit: error: {exc}", err=True)
         sys.exit(EXIT_USAGE)

@@ -1,0 +1,85 @@
+"""The real CLI in a subprocess: exit codes, one-line errors, JSON fields."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memfit.cli", *args], capture_output=True, text=True, timeout=240)
+
+
+def test_estimate_json_has_the_documented_fields():
+    out = run("estimate", "mlp", "--batch-size", "32", "--json", "--budget", "24GiB")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for field in ("peak_allocated_bytes", "peak_reserved_bytes", "fits_in_bytes", "device_bytes", "breakdown",
+                  "activations_by_module", "peak_phase", "peak_op", "largest_tensors", "timeline"):
+        assert field in data
+    assert data["schema"] == 1 and data["batch_size"] == 32
+    assert data["fits_in_bytes"] >= data["peak_allocated_bytes"]
+    assert data["fits_budget"] is True and data["margin_bytes"] > 0
+    assert set(data["breakdown"]) >= {"params", "grads", "optimizer_state", "activations", "fragmentation"}
+
+
+def test_estimate_table_and_budget_verdict():
+    out = run("estimate", "mlp", "--budget", "100MiB")
+    assert out.returncode == 0, out.stderr
+    assert "peak allocated" in out.stdout and "Does not fit" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("estimate", "no/such/file.py"), "workload file not found"),
+        (("estimate", "resnet9000"), "unknown built-in workload"),
+        (("estimate", "mlp", "--budget", "24 GB?"), "cannot read the size"),
+        (("estimate", "mlp", "--budget", "-3GiB"), "cannot read the size"),
+        (("estimate", "mlp", "--precision", "fp8"), "--precision must be one of"),
+        (("estimate", "mlp", "--batch-size", "0"), "--batch-size must be a positive integer"),
+        (("estimate", "mlp", "--gpu", "tpu"), "unknown GPU"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):  # noqa: ANN001
+    out = run(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_model_that_raises_is_one_line(tmp_path):  # noqa: ANN001
+    f = tmp_path / "bad.py"
+    f.write_text(textwrap.dedent("""
+        import torch, memfit
+        def boom():
+            raise RuntimeError("my model is broken")
+        w = memfit.Workload(model=boom, batch=lambda n: (torch.randn(n, 2),), loss=lambda o, b: o.sum(),
+                            optimizer=lambda p: torch.optim.SGD(p, lr=1), batch_size=2)
+    """))
+    out = run("estimate", str(f))
+    assert out.returncode == 2
+    assert "my model is broken" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_file_without_workload_and_file_with_several(tmp_path):  # noqa: ANN001
+    f = tmp_path / "none.py"
+    f.write_text("x = 1\n")
+    out = run("estimate", str(f))
+    assert out.returncode == 2 and "defines no memfit.Workload" in out.stderr
+
+
+def test_measure_without_gpu_says_so():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = run("measure", "mlp")
+    assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr
+
+
+def test_list_builtins():
+    out = run("list")
+    assert out.returncode == 0 and "resnet50" in out.stdout and "unet3d" in out.stdout

@@ -1,0 +1,149 @@
+"""The tracer on models whose memory can be worked out by hand."""
+
+import torch
+
+from memfit import Workload
+from memfit.gpus import gpu_spec
+from memfit.trace import trace_workload
+
+MiB = 1 << 20
+GPU = gpu_spec("h100")
+
+
+def _linear_workload(precision: str = "fp32", **kw) -> Workload:  # noqa: ANN003
+    # 1024x1024 weight (4 MiB fp32), batch 256x1024 (1 MiB fp32)
+    base = dict(
+        name="linear",
+        model=lambda: torch.nn.Linear(1024, 1024, bias=False),
+        batch=lambda n: (torch.randn(n, 1024),),
+        loss=lambda out, b: out.float().pow(2).mean(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        batch_size=256,
+        precision=precision,
+    )
+    base.update(kw)
+    return Workload(**base)
+
+
+def _live(trace, upto: int) -> dict[int, int]:  # noqa: ANN001
+    live = {}
+    for op, key in zip(trace.ops[:upto], trace.keys[:upto]):
+        if op > 0:
+            live[key] = trace.allocs[key].nbytes
+        else:
+            live.pop(key, None)
+    return live
+
+
+def test_linear_fp32_categories_are_exact():
+    trace = trace_workload(_linear_workload(), GPU, steps=2)
+    live = _live(trace, len(trace.ops))
+    by_cat: dict[str, int] = {}
+    for key, size in live.items():
+        by_cat[trace.allocs[key].category] = by_cat.get(trace.allocs[key].category, 0) + size
+    # after the last step: the weight, its gradient and the batch stay; cuBLAS keeps two workspaces
+    assert by_cat["params"] == 4 * MiB
+    assert by_cat["grads"] == 4 * MiB
+    assert by_cat["data"] == 1 * MiB
+    assert by_cat["workspaces"] == 2 * GPU.cublas_workspace_bytes
+    assert trace.param_count == 1024 * 1024
+
+
+def test_bf16_autocast_caches_one_weight_copy_and_saves_bf16_activations():
+    trace = trace_workload(_linear_workload("bf16"), GPU, steps=1)
+    casts = [a for a in trace.allocs if a.op == "_to_copy" and a.phase == "forward"]
+    # the fp32 weight is cast once (2 MiB bf16) and the fp32 input once (0.5 MiB bf16)
+    assert sorted(a.nbytes for a in casts) == [MiB // 2, 2 * MiB]
+    mm = [a for a in trace.allocs if a.op == "mm" and a.phase == "forward"]
+    assert mm and all(a.dtype == "bfloat16" for a in mm)
+
+
+def test_dropout_keeps_a_one_byte_mask_like_cuda():
+    w = _linear_workload(model=lambda: torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Dropout(0.5)))
+    trace = trace_workload(w, GPU, steps=1)
+    masks = [a for a in trace.allocs if a.op == "native_dropout" and a.dtype == "bool"]
+    assert masks and masks[0].nbytes == 256 * 1024  # 1 byte per element, not a float noise tensor
+
+
+def test_attention_never_materialises_the_score_matrix():
+    b, h, seq, d = 2, 4, 512, 32
+
+    class Attn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(d * h, 3 * d * h)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)
+
+    w = Workload(
+        model=Attn, batch=lambda n: (torch.randn(n, seq, d * h),), loss=lambda out, bt: out.float().mean(),
+        optimizer=lambda p: torch.optim.AdamW(p), batch_size=b, precision="bf16",
+    )
+    trace = trace_workload(w, GPU, steps=1)
+    scores_bytes = b * h * seq * seq * 2
+    assert all(a.nbytes < scores_bytes for a in trace.allocs if a.category != "workspaces")
+
+
+def test_checkpointing_recomputes_in_backward():
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(torch.nn.Module):
+        def __init__(self, ckpt: bool) -> None:
+            super().__init__()
+            self.ckpt = ckpt
+            self.block = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.block, x, use_reentrant=False) if self.ckpt else self.block(x)
+
+    def forward_bytes(ckpt: bool) -> int:
+        """Activation bytes still alive when backward starts: what forward saved."""
+        trace = trace_workload(_linear_workload(model=lambda: Net(ckpt)), GPU, steps=1)
+        start = next(at for at, name, _ in trace.phase_marks if name == "backward")
+        live = _live(trace, start)
+        return sum(size for key, size in live.items() if trace.allocs[key].category == "activations")
+
+    def recomputed(ckpt: bool) -> int:
+        trace = trace_workload(_linear_workload(model=lambda: Net(ckpt)), GPU, steps=1)
+        return sum(1 for a in trace.allocs if a.phase == "backward" and a.category == "activations")
+
+    assert forward_bytes(True) < forward_bytes(False)
+    assert recomputed(True) > 0 and recomputed(False) == 0
+
+
+def test_item_in_forward_is_survived_with_a_warning():
+    class Weird(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scale = x.abs().max().item()  # data-dependent
+            return super().forward(x) * (1.0 + 0 * scale)
+
+    trace = trace_workload(_linear_workload(model=lambda: Weird(1024, 1024)), GPU, steps=1)
+    assert any(".item()" in w for w in trace.warnings)
+
+
+def test_copied_steps_equal_traced_steps():
+    from memfit.allocator import replay, smallest_fitting_capacity
+    from memfit.trace import _trace
+    from memfit.zoo import builtin_workload
+
+    w = builtin_workload("mlp").replace(batch_size=64)
+    full, fast = _trace(w, GPU, steps=3), trace_workload(w, GPU, steps=3)
+    assert len(full.ops) == len(fast.ops)
+    a, b = replay(full.events()), replay(fast.events())
+    assert (a.peak_allocated_bytes, a.peak_reserved_bytes) == (b.peak_allocated_bytes, b.peak_reserved_bytes)
+    assert smallest_fitting_capacity(full.events()) == smallest_fitting_capacity(fast.events())
+
+
+def test_never_allocates_real_memory_for_a_big_3d_unet():
+    import resource
+
+    from memfit.zoo import builtin_workload
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    trace = trace_workload(builtin_workload("unet3d"), GPU, steps=2)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    simulated = max(a.nbytes for a in trace.allocs)
+    assert simulated > 200 * MiB  # single activations of hundreds of MiB were simulated
+    assert grown_kib * 1024 < 400 * MiB  # while the process grew far less than the ~5 GiB they add up to
