@@ -185,7 +185,7 @@ def _markdown(summary: dict, rows: list[dict]) -> str:
         "alone. The margin was set after seeing this suite's replay errors, so the suite does not test it "
         "independently. The cuDNN/kernel scratch rules were fitted on a separate shape grid "
         "(cudnn_calibration_*.json) and on per-op transients of these same workloads (transients_*.json); "
-        "allocated-peak errors before those rules are in the git history of this file.",
+        "docs/estimate.md gives the errors before those rules.",
         "",
         "| metric | median abs error | max abs error | most negative (under-prediction) | n |",
         "|---|---|---|---|---|",
