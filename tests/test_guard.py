@@ -7,6 +7,7 @@ limit), the gradients are real, in float64, and compared with a plain whole-batc
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import math
 import os
@@ -674,7 +675,9 @@ def test_gpu_real_oom_recovers_without_leak_and_matches_smaller_start(monkeypatc
 
 def _gpu_real_oom_recovers() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
-    width, depth, batch_n = 4096, 8, 2048
+    # activations (2 x 512 MiB here) must dwarf the weights (32 MiB): after the first micro-batch all gradients
+    # exist, so a smaller micro-batch only helps when activations, not gradients, make the peak
+    width, depth, batch_n = 1024, 8, 16384
     torch.manual_seed(0)
     base = _deep_mlp(width, depth).to(device)
     data = [(torch.randn(batch_n, width, device=device), torch.randn(batch_n, 1, device=device)) for _ in range(3)]
@@ -698,7 +701,11 @@ def _gpu_real_oom_recovers() -> None:
         torch.cuda.empty_cache()
         record: dict[str, Any] = {"sizes": [], "ooms": [], "leaks": [], "snapshots": []}
         if schedule is None:  # room for the gradients and ~40 % of the whole-batch activations: 1/4 of it fits
-            cap_bytes = torch.cuda.memory_reserved(device) + weights_bytes + int(0.4 * activations_bytes)
+            # measured from allocated, not reserved: free space cached in partly used segments (left by earlier
+            # tests in this process) would otherwise widen the room and the whole batch fits (seen on an H200)
+            gc.collect()
+            torch.cuda.empty_cache()
+            cap_bytes = torch.cuda.memory_allocated(device) + weights_bytes + int(0.4 * activations_bytes)
             total_bytes = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(cap_bytes / total_bytes, device)
             record["cap_bytes"] = cap_bytes
@@ -708,10 +715,11 @@ def _gpu_real_oom_recovers() -> None:
                     step.load_state_dict({**step.state_dict(), "micro_batch_size": schedule[i]})
                 baseline = torch.cuda.memory_allocated(device)
                 metrics = step(batch)
-                step.optimizer.zero_grad(set_to_none=True)  # SGD without momentum keeps no state
-                record["leaks"].append(torch.cuda.memory_allocated(device) - baseline)
                 record["sizes"].append(metrics.micro_batch_size)
                 record["ooms"].append(metrics.ooms)
+                del metrics  # it holds this step's loss on the GPU (one 512-byte block), not a leak
+                step.optimizer.zero_grad(set_to_none=True)  # SGD without momentum keeps no state
+                record["leaks"].append(torch.cuda.memory_allocated(device) - baseline)
                 record["snapshots"].append(_param_vector(model))
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
