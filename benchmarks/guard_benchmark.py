@@ -421,9 +421,46 @@ def measure_single(s: Shape, env: Env, log: logging.Logger) -> dict[str, Any]:
 # -- distributed: 2 ranks, NCCL, only rank 1 capped -----------------------------------------------------------
 
 
-def _rank_main(rank: int, port: int, s: Shape, out_file: str, device_type: str) -> None:
+def _rank_run(label: str, rank: int, s: Shape, device: torch.device, env: Env, half: int, data: list,
+              results: dict[str, Any], found: int | None) -> int | None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+
+    model = make_model(s, device)
+    ddp = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
+    step = TrainStep(ddp, make_optimizer(model), token_loss, forward_fn=env.forward, precision="bf16",
+                     count_fn=count_tokens("labels", ignore_index=PAD), agree_timeout_s=120)
+    # warm-up step at the whole per-rank batch, uncapped, identical in both runs
+    if env.cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    before = env.allocated()
+    step(data[0])
+    cap_bytes = None
+    if label == "capped_rank1" and rank == 1 and env.cuda:
+        assert before is not None
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.empty_cache()
+        # 60 % of what the whole batch needed: half the batch fits, the whole does not
+        cap_bytes = torch.cuda.memory_reserved(device) + int(0.6 * (peak - before))
+    if label == "reference":
+        restart_at(step, found)  # start where the capped run settled
+    env.cap(cap_bytes, fake_limit=half // 2 if label == "capped_rank1" and rank == 1 else None)
+    try:
+        sizes = [step(b).micro_batch_size for b in data[1:]]
+    finally:
+        env.cap(None, fake_limit=None)
+    found = step.micro_batch_size if label == "capped_rank1" else found
+    flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
+    other = flat.clone()
+    dist.broadcast(other, src=0)
+    results[label] = {"sizes": sizes, "ooms": step.total_ooms,
+                      "identical_across_ranks": bool(torch.equal(flat, other)), "params": flat.cpu()}
+    del step, ddp, model, flat, other
+    return found
+
+
+def _rank_main(rank: int, port: int, s: Shape, out_file: str, device_type: str) -> None:
+    import torch.distributed as dist
 
     backend = "nccl" if device_type == "cuda" else "gloo"  # gloo: the --device cpu dry run
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -437,36 +474,8 @@ def _rank_main(rank: int, port: int, s: Shape, out_file: str, device_type: str) 
     results: dict[str, Any] = {}
     found = None
     for label in ("capped_rank1", "reference"):
-        model = make_model(s, device)
-        ddp = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
-        step = TrainStep(ddp, make_optimizer(model), token_loss, forward_fn=env.forward, precision="bf16",
-                         count_fn=count_tokens("labels", ignore_index=PAD), agree_timeout_s=120)
-        # warm-up step at the whole per-rank batch, uncapped, identical in both runs
-        if env.cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        before = env.allocated()
-        step(data[0])
-        cap_bytes = None
-        if label == "capped_rank1" and rank == 1 and env.cuda:
-            assert before is not None
-            peak = torch.cuda.max_memory_allocated(device)
-            torch.cuda.empty_cache()
-            # 60 % of what the whole batch needed: half the batch fits, the whole does not
-            cap_bytes = torch.cuda.memory_reserved(device) + int(0.6 * (peak - before))
-        if label == "reference":
-            restart_at(step, found)  # start where the capped run settled
-        env.cap(cap_bytes, fake_limit=half // 2 if label == "capped_rank1" and rank == 1 else None)
-        try:
-            sizes = [step(b).micro_batch_size for b in data[1:]]
-        finally:
-            env.cap(None, fake_limit=None)
-        found = step.micro_batch_size if label == "capped_rank1" else found
-        flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
-        other = flat.clone()
-        dist.broadcast(other, src=0)
-        results[label] = {"sizes": sizes, "ooms": step.total_ooms,
-                          "identical_across_ranks": bool(torch.equal(flat, other)), "params": flat.cpu()}
-        del step, ddp, model, flat, other
+        with deterministic():  # both runs compared bit for bit: no cuDNN-attention backward noise
+            found = _rank_run(label, rank, s, device, env, half, data, results, found)
     if rank == 0:
         diff = float((results["capped_rank1"]["params"] - results["reference"]["params"]).abs().max())
         summary: dict[str, Any] = {k: {kk: vv for kk, vv in v.items() if kk != "params"} for k, v in results.items()}
