@@ -41,9 +41,10 @@ _CUBLAS_PRE_SM90 = 8 * MiB + 128 * 1024
 GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec(
         name="NVIDIA H100 80GB HBM3",
-        total_bytes=79_18 * 10 * MiB,  # replaced by the measured value in benchmarks/results when available
+        # what OOM messages on H100 80GB report ("total capacity of 79.11 GiB"); not measured here
+        total_bytes=int(79.11 * GiB),
         compute_capability=(9, 0),
-        cuda_context_bytes=512 * MiB,
+        cuda_context_bytes=768 * MiB,  # assumed equal to the H200's (measured); not measured on an H100
         cublas_workspace_bytes=_CUBLAS_SM90,
         bf16_tflops=989.0,  # H100 SXM datasheet, dense
         memory_bandwidth_gbs=3350.0,
@@ -52,7 +53,9 @@ GPUS: dict[str, GpuSpec] = {
         name="NVIDIA H200",
         total_bytes=150_109_880_320,  # measured: get_device_properties(0).total_memory, benchmarks/results
         compute_capability=(9, 0),
-        cuda_context_bytes=512 * MiB,
+        # measured: device used - reserved after the protocol, 641 MiB (no cuBLAS) to 771 MiB (with it),
+        # torch 2.11 + CUDA 13.0; benchmarks/results/measurements/*.json, outside_allocator_bytes
+        cuda_context_bytes=768 * MiB,
         cublas_workspace_bytes=_CUBLAS_SM90,
         bf16_tflops=989.0,  # H200 SXM datasheet, dense
         memory_bandwidth_gbs=4800.0,
@@ -62,7 +65,7 @@ GPUS: dict[str, GpuSpec] = {
         total_bytes=80 * GiB,
         compute_capability=(8, 0),
         sm_count=108,
-        cuda_context_bytes=512 * MiB,
+        cuda_context_bytes=640 * MiB,  # assumed from the H200 measurement; not measured on this GPU
         cublas_workspace_bytes=_CUBLAS_PRE_SM90,
         bf16_tflops=312.0,
         memory_bandwidth_gbs=2039.0,
@@ -72,7 +75,7 @@ GPUS: dict[str, GpuSpec] = {
         total_bytes=24 * GiB,
         compute_capability=(8, 9),
         sm_count=128,
-        cuda_context_bytes=512 * MiB,
+        cuda_context_bytes=640 * MiB,  # assumed from the H200 measurement; not measured on this GPU
         cublas_workspace_bytes=_CUBLAS_PRE_SM90,
         bf16_tflops=165.0,
         memory_bandwidth_gbs=1008.0,
