@@ -34,7 +34,15 @@ from torch._subclasses.fake_tensor import (  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
 
+# Norm layers with running statistics (BatchNorm*, InstanceNorm* with track_running_stats) share this base.
+NormBase = torch.nn.modules.batchnorm._NormBase
+BatchNormBase = torch.nn.modules.batchnorm._BatchNorm
+OpOverload = torch._ops.OpOverload
+
 __all__ = [
+    "BatchNormBase",
+    "NormBase",
+    "OpOverload",
     "DataDependentOutputException",
     "DynamicOutputShapeException",
     "FakeTensor",

@@ -85,7 +85,7 @@ def cuda_autocast_policy() -> dict[str, str]:
     return policy or dict(_FALLBACK_POLICY)
 
 
-def _overload(name: str) -> torch._ops.OpOverload | None:
+def _overload(name: str) -> tp.OpOverload | None:
     base, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:
@@ -134,7 +134,7 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
     return value
 
 
-def _autocast_kernel(op: torch._ops.OpOverload, policy: str, cache: _CastCache) -> Callable[..., Any]:
+def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Callable[..., Any]:
     arg_names = [a.name for a in op._schema.arguments]
     dtype_pos = arg_names.index("dtype") if "dtype" in arg_names else None
 

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from memfit import microbatch
+from memfit._torch_private import BatchNormBase
 from memfit._distributed_agree import FATAL, OK, OOM, RankChannel, Report, broadcast_buffers, reduce_gradients
 from memfit.errors import NumericsError, OptimizerStepOOMError, RankAgreementError, StepOOMError, UsageError
 from memfit.numerics import LossWatch
@@ -214,7 +215,7 @@ class TrainStep:
         self.steps = 0
         self.total_ooms = 0
         self.skipped_steps = 0
-        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self._module.modules()):
+        if any(isinstance(m, BatchNormBase) for m in self._module.modules()):
             logger.warning(
                 "The model has BatchNorm layers. Their batch statistics are computed per "
                 "micro-batch, so results depend on the micro-batch size; the guard restores running statistics "

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from memfit._torch_private import NormBase
+
 __all__ = ["Snapshot", "memory_in_use", "resolve_device"]
 
 
@@ -44,7 +46,7 @@ class Snapshot:
         self._buffers = [
             b
             for m in module.modules()
-            if isinstance(m, nn.modules.batchnorm._NormBase)  # BatchNorm and InstanceNorm with running stats
+            if isinstance(m, NormBase)  # BatchNorm and InstanceNorm with running stats
             for b in m.buffers(recurse=False)
         ]
         self._saved = [torch.empty_like(b) for b in self._buffers]
