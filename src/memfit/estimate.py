@@ -173,12 +173,7 @@ def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorCo
         allocated_after.append(sim.allocated_bytes)
         if sim.allocated_bytes > peak:
             peak, peak_index = sim.allocated_bytes, i
-    live: dict[int, int] = {}
-    for op, key, _ in events[: peak_index + 1]:
-        if op > 0:
-            live[key] = sizes[key]
-        else:
-            live.pop(key, None)
+    live = _live_before(events, sizes, peak_index + 1)
     from memfit.trace import CATEGORIES
 
     allocs = trace.allocs
@@ -207,14 +202,20 @@ def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorCo
     }
 
 
-def _activations_at_end_of_forward(trace: Any, events: list[tuple[int, int, int]], sizes: dict[int, int]) -> dict[str, int]:
-    last_backward = max((at for at, name, _ in trace.phase_marks if name == "backward"), default=len(events))
+def _live_before(events: list[tuple[int, int, int]], sizes: dict[int, int], end: int) -> dict[int, int]:
+    """Block size of every allocation alive after ``events[:end]``, by key."""
     live: dict[int, int] = {}
-    for op, key, _ in events[:last_backward]:
+    for op, key, _ in events[:end]:
         if op > 0:
             live[key] = sizes[key]
         else:
             live.pop(key, None)
+    return live
+
+
+def _activations_at_end_of_forward(trace: Any, events: list[tuple[int, int, int]], sizes: dict[int, int]) -> dict[str, int]:
+    last_backward = max((at for at, name, _ in trace.phase_marks if name == "backward"), default=len(events))
+    live = _live_before(events, sizes, last_backward)
     by_module: dict[str, int] = {}
     for key, size in live.items():
         a = trace.allocs[key]

@@ -177,10 +177,7 @@ class _Recorder(tp.TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t, name)
-        extra = self._kernel_transient(name, args, out)
-        if extra > 0:
-            key = self._alloc(extra, f"{name}_scratch", (), "uint8", "workspaces")
-            self._free(key)
+        self._transient(self._kernel_transient(name, args, out), f"{name}_scratch", optional=False)
         return out
 
     def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
@@ -221,11 +218,12 @@ class _Recorder(tp.TorchDispatchMode):
             transposed=transposed, half=x.element_size() == 2,
         )
 
-    def _transient(self, nbytes: int) -> None:
-        """A block a library takes inside one call and gives back before the call returns."""
+    def _transient(self, nbytes: int, op: str = "cudnn_workspace", *, optional: bool = True) -> None:
+        """A block a library takes inside one call and gives back before the call returns; ``optional`` when
+        the library can do without it (cuDNN picks an algorithm that needs less)."""
         if nbytes > 0:
-            key = self._alloc(nbytes, "cudnn_workspace", (), "uint8", "workspaces")
-            self.trace.allocs[key].optional = True
+            key = self._alloc(nbytes, op, (), "uint8", "workspaces")
+            self.trace.allocs[key].optional = optional
             self._free(key)
 
     def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
