@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from memfit.knobs import apply_checkpointing, set_optimizer_impl
 from memfit.workload import Workload
 
 DEFAULT_STEPS = 3
@@ -70,13 +71,15 @@ def build(
         model = workload.model()
         if workload.channels_last:
             to_channels_last(model)
+        if workload.checkpoint:
+            apply_checkpointing(model, workload.checkpoint)
         model.train()
-        optimizer = workload.optimizer(model.parameters())
+        optimizer = set_optimizer_impl(workload.optimizer(model.parameters()), workload.optimizer_impl)
     if configure_optimizer is not None:
         configure_optimizer(optimizer)
     phase("data", 0)
     with torch.device(device):
-        batch = place_batch(workload.batch(workload.batch_size), device, workload.channels_last)
+        batch = place_batch(workload.make_batch(workload.batch_size), device, workload.channels_last)
     return model, optimizer, batch
 
 
@@ -90,23 +93,33 @@ def run_steps(
     scaler: Any | None,
     steps: int = DEFAULT_STEPS,
     phase: PhaseCallback = _no_phase,
+    micro_batches: int | None = None,
 ) -> None:
-    """Run ``steps`` training steps; ``phase(name, step)`` is called as each phase begins."""
+    """Run ``steps`` training steps; ``phase(name, step)`` is called as each phase begins.
+
+    Each step runs ``accumulation_steps`` micro-batches (``micro_batches`` overrides it: the tracer runs two,
+    because micro-batches from the second on repeat each other) on the same placed batch, as a loader that yields
+    micro-batches would.
+    """
     dtype = autocast_dtype(workload.precision)
+    micro = workload.accumulation_steps if micro_batches is None else micro_batches
     for step in range(steps):
         phase("zero_grad", step)
         # set_to_none frees last step's grads before forward, keeping them out of the activation peak
         optimizer.zero_grad(set_to_none=True)
-        phase("forward", step)
-        ctx = torch.autocast(autocast_device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-        with ctx:
-            output = workload.run_forward(model, batch)
-            phase("loss", step)
-            loss = workload.loss(output, batch)
-        del output  # what backward needs is held by the graph; the rest goes now, as in a plain loop
-        phase("backward", step)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        del loss
+        for _ in range(micro):
+            phase("forward", step)
+            ctx = torch.autocast(autocast_device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+            with ctx:
+                output = workload.run_forward(model, batch)
+                phase("loss", step)
+                loss = workload.loss(output, batch)
+                if workload.accumulation_steps > 1:
+                    loss = loss / workload.accumulation_steps  # the mean over the effective batch
+            del output  # what backward needs is held by the graph; the rest goes now, as in a plain loop
+            phase("backward", step)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            del loss
         phase("optimizer", step)
         if scaler is not None:
             scaler.step(optimizer)

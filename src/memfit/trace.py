@@ -296,6 +296,8 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
                 run_steps(
                     workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
                     phase=lambda name, step: _on_phase(recorder, optimizer, name, step),
+                    # micro-batch 2 runs with the grads alive, and every later one repeats it exactly
+                    micro_batches=min(workload.accumulation_steps, 2),
                 )
             except (TraceError, WorkloadError):
                 raise
