@@ -105,6 +105,7 @@ def estimate(
     gpu: str | GpuSpec | None = None,
     allocator: AllocatorConfig | None = None,
     steps: int = DEFAULT_STEPS,
+    reuse_trace: Any = None,
 ) -> Estimate:
     """Predict the peak GPU memory of ``workload``'s training step, on any machine, without touching a GPU.
 
@@ -114,6 +115,8 @@ def estimate(
             and the CUDA context. Default: H100.
         allocator: caching-allocator settings; default: read ``PYTORCH_CUDA_ALLOC_CONF`` from the environment.
         steps: training steps to simulate (optimizer state appears in step 1, the steady peak from step 2).
+        reuse_trace: a ``Trace`` of this same workload and GPU (``memfit.trace.trace_workload``), to replay it
+            under other allocator settings without tracing again.
 
     Example:
         >>> from memfit.zoo import builtin_workload
@@ -126,7 +129,7 @@ def estimate(
     started = time.perf_counter()
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     config = allocator if allocator is not None else AllocatorConfig.from_env()
-    trace = trace_workload(workload, spec, steps=steps)
+    trace = reuse_trace if reuse_trace is not None else trace_workload(workload, spec, steps=steps)
     events = trace.events()
     analysis = _analyse(trace, events, config)
     # a cap below the allocated peak can never work; the search starts from there
