@@ -98,6 +98,80 @@ def measure(
     render_measurement(m, Console())
 
 
+@app.command()
+def explain(
+    workload: Optional[str] = typer.Argument(None, help="A built-in name or path/to/file.py[:name]."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Override the batch size."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32, bf16 or fp16."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU to predict for: h100, h200, a100, rtx4090."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget, e.g. 12GiB: which fixes fit."),
+    oom: Optional[str] = typer.Option(None, "--oom", help="A CUDA OOM message, or a log file holding one."),
+    report: Optional[str] = typer.Option(None, "--report", help="Write an HTML report with pictures here."),
+    png_dir: Optional[str] = typer.Option(None, "--png-dir", help="Write the pictures as PNG files here."),
+    no_fixes: bool = typer.Option(False, "--no-fixes", help="Diagnosis only (each fix costs one estimate)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the Explanation as versioned JSON."),
+) -> None:
+    """Why the step needs the memory it needs, what to change (each fix re-estimated), and pictures of it."""
+    from memfit.units import parse_bytes
+
+    budget_bytes = parse_bytes(budget) if budget is not None else None
+    oom_text = None
+    if oom is not None:
+        from memfit.oom_message import load_oom_text
+
+        oom_text = load_oom_text(oom)
+    if workload is None:
+        if oom_text is None:
+            _fail("give a workload (a built-in name or path/to/file.py) or --oom with a CUDA OOM message.")
+        _explain_oom_only(oom_text, json_out)
+        return
+    from memfit.explain import explain as run_explain
+
+    w = _load(workload, batch_size, precision)
+    e = run_explain(w, gpu=gpu, budget_bytes=budget_bytes, oom_text=oom_text, fixes=not no_fixes)
+    written = _write_pictures(e, report, png_dir)
+    if json_out:
+        typer.echo(e.to_json(indent=2))
+        return
+    from rich.console import Console
+
+    from memfit.render import render_explanation
+
+    console = Console()
+    render_explanation(e, console)
+    for path in written:
+        console.print(f"wrote {path}")
+
+
+def _explain_oom_only(oom_text: str, json_out: bool) -> None:
+    import json
+
+    from memfit.oom_message import diagnose_oom, parse_oom_message
+
+    diagnosis = diagnose_oom(parse_oom_message(oom_text)).to_dict()
+    if json_out:
+        typer.echo(json.dumps(diagnosis, indent=2))
+        return
+    from rich.console import Console
+
+    from memfit.render import render_oom
+
+    render_oom(diagnosis, Console())
+
+
+def _write_pictures(e: object, report: Optional[str], png_dir: Optional[str]) -> list[str]:
+    written: list[str] = []
+    if report is not None:
+        from memfit.report import write_report
+
+        written.append(str(write_report(e, report)))
+    if png_dir is not None:
+        from memfit.report import write_pngs
+
+        written.extend(str(p) for p in write_pngs(e, png_dir))
+    return written
+
+
 @app.command("list")
 def list_builtins() -> None:
     """List the built-in workloads."""

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from memfit.estimate import Estimate
+    from memfit.explain import Explanation
     from memfit.measure import Measurement
 
 _CATEGORY_ORDER = (
@@ -101,7 +102,7 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
         else:
             console.print(f"[red]Does not fit[/] a budget of {format_bytes(budget_bytes)}: needs "
                           f"{format_bytes(est.device_bytes)}, {format_bytes(-margin)} too much. "
-                          "Try a smaller --batch-size or --precision bf16.")
+                          "`memfit explain` with the same --budget ranks the fixes that make it fit.")
     console.print(f"[dim]{est.param_count / 1e6:.1f} M parameters · {est.steps} steps simulated in "
                   f"{est.elapsed_s:.1f} s · {est.method}[/]")
 
@@ -124,3 +125,57 @@ def render_measurement(m: Measurement, console: Console) -> None:
     console.print(t)
     if m.snapshot_path:
         console.print(f"memory snapshot: {m.snapshot_path} (open it at pytorch.org/memory_viz)")
+
+
+_TRAINING_WORDS = {"no": "[green]same maths[/]", "numerics": "[yellow]numerics[/]", "semantics": "[red]semantics[/]"}
+
+
+def render_explanation(e: Explanation, console: Console) -> None:
+    """The diagnosis in words, then the fixes, ranked by saving."""
+    from rich.panel import Panel
+    from rich.table import Table
+
+    est = e.estimate
+    lines = [f"[bold]{e.headline}[/]", ""]
+    total = max(est.fits_in_bytes, 1)
+    made = ", ".join(
+        f"{p.category.replace('_', ' ')} {p.share:.0%}" + (f" ({p.detail})" if p.detail and p.share >= 0.05 else "")
+        for p in e.parts if p.nbytes / total >= 0.01
+    )
+    lines.append(f"[bold]What the peak is made of:[/] {made}.")
+    lines.append(f"[bold]When:[/] {e.peak_when}; {e.peak_why}.")
+    if e.scaling_text:
+        lines.append(f"[bold]How it scales:[/] {e.scaling_text}")
+    title = f"{e.workload} · micro-batch {est.batch_size} · {est.precision} · {e.gpu}"
+    console.print(Panel("\n".join(lines), title=title, expand=False))
+    if e.fixes:
+        t = Table(title="Fixes, each re-estimated (largest saving first)", title_justify="left")
+        for col in ("fix", "needs", "saves", "time", "training", "fits"):
+            t.add_column(col, justify="right" if col in ("needs", "saves", "time") else "left")
+        for f in e.fixes:
+            fits = "" if f.fits_budget is None else ("[green]yes[/]" if f.fits_budget else "[red]no[/]")
+            time_text = "" if f.time_factor is None else f"{f.time_factor:.2f}×"
+            t.add_row(f.name, format_bytes(f.device_bytes), format_bytes(f.saving_bytes), time_text,
+                      _TRAINING_WORDS.get(f.changes_training, f.changes_training), fits)
+        console.print(t)
+        for f in e.fixes[:3]:
+            console.print(f"[dim]{f.name}: {f.speed_cost}" + (f"; {f.caveat}" if f.caveat else "") + "[/]")
+    if e.combination is not None:
+        c = e.combination
+        console.print(f"[green]Fits {format_bytes(e.budget_bytes or 0)}[/] with {c.name}: needs "
+                      f"{format_bytes(c.device_bytes)}.")
+    for note in e.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if e.oom:
+        render_oom(e.oom, console)
+    console.print(f"[dim]{len(e.fixes)} fixes re-estimated in {e.elapsed_s:.1f} s; 'needs' is device memory "
+                  "(allocator cap + CUDA context)[/]")
+
+
+def render_oom(diagnosis: dict[str, Any], console: Console) -> None:
+    """A parsed CUDA OOM message: what it says, then what it means."""
+    from rich.panel import Panel
+
+    findings = diagnosis.get("findings", [])
+    body = "\n".join(f"• {line}" for line in findings) or "The message holds no numbers to diagnose."
+    console.print(Panel(body, title="The out-of-memory message", expand=False))
