@@ -89,6 +89,8 @@ class Explanation:
     fits_budget: bool | None = None
     combination: Fix | None = None
     """With a budget the step does not fit: the cheapest set of fixes that makes it fit, re-estimated together."""
+    not_helping: list[Fix] = field(default_factory=list)
+    """Fixes tried that do not lower the need (e.g. a smaller micro-batch when the peak is in the optimizer)."""
     oom: dict[str, Any] | None = None
     """The parsed CUDA OOM message and its diagnosis, when one was given."""
     notes: list[str] = field(default_factory=list)
@@ -157,7 +159,8 @@ def explain(
     blocks = block_memory(base.activations_by_module)
     parts = _parts(base, blocks)
     scaling = _scaling(ctx)
-    found = find_fixes(ctx, trace) if fixes else []
+    tried = find_fixes(ctx, trace) if fixes else []
+    found = [f for f in tried if f.saving_bytes > 0]
     combination = combine_fixes(ctx, found) if fixes and budget_bytes is not None else None
     oom = None
     if oom_text is not None:
@@ -192,6 +195,7 @@ def explain(
         budget_bytes=budget_bytes,
         fits_budget=None if budget_bytes is None else base.device_bytes <= budget_bytes,
         combination=combination,
+        not_helping=[f for f in tried if f.saving_bytes <= 0],
         oom=oom,
         notes=notes,
         elapsed_s=time.perf_counter() - started,

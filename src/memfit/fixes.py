@@ -219,7 +219,6 @@ def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
                 changes_training="semantics",
                 caveat="each sample sees less context; segmentation quality can change",
             )
-    fixes = [f for f in fixes if f.saving_bytes > 0]
     return sorted(fixes, key=lambda f: -f.saving_bytes)
 
 
@@ -276,7 +275,7 @@ def combine_fixes(ctx: FixContext, fixes: list[Fix]) -> Fix | None:
     if singles:
         return None  # one fix alone is enough; the table says which
     pick: dict[str, Fix] = {}
-    for f in fixes:  # one choice per knob: the largest saving of that knob
+    for f in (f for f in fixes if f.saving_bytes > 0):  # one choice per knob: the largest saving of that knob
         if f.knob not in pick or f.saving_bytes > pick[f.knob].saving_bytes:
             pick[f.knob] = f
     ordered = sorted(pick.values(), key=lambda f: (_COST_ORDER[f.changes_training], f.time_factor or 1.0))

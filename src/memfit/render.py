@@ -160,6 +160,10 @@ def render_explanation(e: Explanation, console: Console) -> None:
         console.print(t)
         for f in e.fixes[:3]:
             console.print(f"[dim]{f.name}: {f.speed_cost}" + (f"; {f.caveat}" if f.caveat else "") + "[/]")
+    if e.not_helping:
+        tried = ", ".join(f"{f.name} ({format_bytes(-f.saving_bytes)} more)" if f.saving_bytes < 0 else f.name
+                          for f in e.not_helping)
+        console.print(f"[dim]Tried, no saving: {tried}.[/]")
     if e.combination is not None:
         c = e.combination
         console.print(f"[green]Fits {format_bytes(e.budget_bytes or 0)}[/] with {c.name}: needs "
@@ -168,7 +172,8 @@ def render_explanation(e: Explanation, console: Console) -> None:
         console.print(f"[yellow]note:[/] {note}")
     if e.oom:
         render_oom(e.oom, console)
-    console.print(f"[dim]{len(e.fixes)} fixes re-estimated in {e.elapsed_s:.1f} s; 'needs' is device memory "
+    tried = len(e.fixes) + len(e.not_helping)
+    console.print(f"[dim]{tried} fixes re-estimated in {e.elapsed_s:.1f} s; 'needs' is device memory "
                   "(allocator cap + CUDA context)[/]")
 
 

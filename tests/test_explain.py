@@ -1,0 +1,86 @@
+"""explain(): the diagnosis names the real cause, and every fix is exactly the estimate of the changed workload."""
+
+import json
+
+import pytest
+import torch
+
+from memfit import estimate
+from memfit.allocator import AllocatorConfig
+from memfit.explain import explain
+from memfit.models import UNet
+from memfit.workload import Workload
+from memfit.zoo import builtin_workload
+
+
+def small_unet(batch_size: int = 4) -> Workload:
+    return Workload(
+        name="small-unet",
+        model=lambda: UNet(dims=2, in_channels=3, classes=2, features=(8, 16, 32), norm="batch",
+                           deep_supervision=False),
+        batch=lambda n: (torch.randn(n, 3, 128, 128), torch.randint(0, 2, (n, 128, 128))),
+        loss=lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
+        batch_size=batch_size,
+    )
+
+
+@pytest.fixture(scope="module")
+def unet_explained():
+    return explain(small_unet())
+
+
+def test_activations_dominate_a_unet_and_scale_per_pixel(unet_explained):
+    e = unet_explained
+    assert e.parts[0].category == "activations"
+    assert "activations" in e.headline and e.blocks[0].name in e.headline
+    assert e.estimate.peak_phase in ("forward", "loss", "backward")
+    s = e.scaling
+    assert s.input_unit == "pixel" and s.elements_per_sample == 128 * 128 and s.input_shape == (3, 128, 128)
+    assert s.per_sample_bytes > 0 and s.bytes_per_element == pytest.approx(s.per_sample_bytes / 128**2)
+
+
+def test_every_fix_is_the_estimate_of_the_changed_workload(unet_explained):
+    e = unet_explained
+    knobs = {f.knob for f in e.fixes + e.not_helping}
+    assert {"micro_batch", "precision", "checkpointing", "optimizer", "expandable_segments"} <= knobs
+    w = small_unet()
+    for fix in e.fixes + e.not_helping:
+        allocator = AllocatorConfig(expandable_segments=True) if fix.allocator else None
+        again = estimate(w.replace(**fix.changes), allocator=allocator)
+        assert (again.fits_in_bytes, again.peak_allocated_bytes) == (fix.fits_in_bytes, fix.peak_allocated_bytes)
+        assert fix.saving_bytes == e.estimate.fits_in_bytes - fix.fits_in_bytes
+    assert [f.saving_bytes for f in e.fixes] == sorted((f.saving_bytes for f in e.fixes), reverse=True)
+    assert all(f.saving_bytes > 0 for f in e.fixes) and all(f.saving_bytes <= 0 for f in e.not_helping)
+
+
+def test_micro_batch_keeps_the_effective_batch_and_flags_batchnorm(unet_explained):
+    micro = [f for f in unet_explained.fixes + unet_explained.not_helping if f.knob == "micro_batch"]
+    assert micro and all(f.changes["batch_size"] * f.changes["accumulation_steps"] == 4 for f in micro)
+    assert micro[0].changes_training == "semantics" and "BatchNorm" in micro[0].caveat
+
+
+def test_budget_that_binds_gets_a_fix_or_a_combination_that_fits():
+    base = estimate(small_unet())
+    budget = base.device_bytes - (base.fits_in_bytes - base.breakdown["params"]) // 2  # half the non-weight memory
+    e = explain(small_unet(), budget_bytes=budget)
+    assert e.fits_budget is False
+    fitting = [f for f in e.fixes if f.fits_budget] + ([e.combination] if e.combination else [])
+    assert fitting and all(f.device_bytes <= budget for f in fitting)
+
+
+def test_impossible_budget_says_what_the_model_state_needs():
+    e = explain(builtin_workload("mlp").replace(batch_size=8), budget_bytes=900 << 20)
+    assert e.fits_budget is False and e.combination is None
+    assert any("Nothing tried fits" in n and "optimizer state" in n for n in e.notes)
+
+
+def test_peak_in_the_first_optimizer_step_is_named():
+    e = explain(builtin_workload("mlp").replace(batch_size=8), fixes=False)
+    assert e.estimate.peak_phase == "optimizer" and e.estimate.peak_step == 0
+    assert "first iteration" in e.peak_when and "lazily" in e.peak_why
+
+
+def test_explanation_is_json(unet_explained):
+    d = json.loads(unet_explained.to_json())
+    assert d["schema"] == 1 and d["fixes"] and d["estimate"]["fits_in_bytes"] == unet_explained.estimate.fits_in_bytes
