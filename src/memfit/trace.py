@@ -82,6 +82,10 @@ class Trace:
         return phase, step
 
 
+# fused optimizer ops that mutate their arguments and return nothing (aten/src/ATen/native/native_functions.yaml)
+_INPLACE_FUSED_OPTIMIZERS = frozenset({"_fused_sgd_", "_fused_adam_", "_fused_adamw_", "_fused_adagrad_"})
+
+
 class _Recorder(tp.TorchDispatchMode):
     def __init__(self, gpu: GpuSpec) -> None:
         super().__init__()
@@ -157,6 +161,10 @@ class _Recorder(tp.TorchDispatchMode):
                 f"have. Move it out of the training step (e.g. precompute indices in the batch)."
             ) from exc
         except tp.UnsupportedOperatorException as exc:
+            if name in _INPLACE_FUSED_OPTIMIZERS:
+                # in-place fused optimizer kernels (e.g. _fused_sgd_ before torch registers a meta kernel for
+                # it) return nothing and allocate nothing: the state they update already exists
+                return None
             raise TraceError(
                 f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit cannot "
                 "trace it without running it for real. Use `memfit measure` on a GPU for this model."
