@@ -172,6 +172,65 @@ def _write_pictures(e: object, report: Optional[str], png_dir: Optional[str]) ->
     return written
 
 
+@app.command()
+def plan(
+    workload: str = typer.Argument(..., help="A built-in name or path/to/file.py[:name]."),
+    budget: str = typer.Option(..., "--budget", help="GPU memory for this process, e.g. 24GiB or 24GB."),
+    effective_batch: Optional[int] = typer.Option(None, "--effective-batch", help="Samples per optimizer step."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32, bf16 or fp16."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU to plan for: h100, h200, a100, rtx4090."),
+    allow_precision_change: bool = typer.Option(False, "--allow-precision-change", help="Also try bf16 autocast."),
+    margin: float = typer.Option(0.02, "--margin", help="Keep predicted device memory under budget × (1 - margin)."),
+    patch: bool = typer.Option(False, "--patch", help="Search the input patch size (segmentation workloads)."),
+    calibrate: bool = typer.Option(False, "--calibrate", help="Time a few micro-batches on this GPU first."),
+    save: Optional[str] = typer.Option(None, "--save", help="Write the plan as JSON here."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Write the frontier (memory vs time) as a PNG here."),
+    json_out: bool = typer.Option(False, "--json", help="Print the Plan as versioned JSON."),
+) -> None:
+    """The fastest training configuration that fits a memory budget, with the frontier of alternatives."""
+    from memfit.units import parse_bytes
+
+    budget_bytes = parse_bytes(budget)
+    if effective_batch is not None and effective_batch < 1:
+        _fail(f"--effective-batch must be a positive integer, got {effective_batch}.")
+    if not 0 <= margin < 0.5:
+        _fail(f"--margin must be between 0 and 0.5, got {margin}.")
+    w = _load(workload, None, precision)
+    calibration = None
+    if calibrate:
+        from memfit.speed import calibrate as run_calibration
+
+        calibration = run_calibration(w)
+    if patch:
+        from memfit.plan import plan_patch
+
+        result = plan_patch(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=gpu, margin=margin,
+                            calibration=calibration)
+    else:
+        from memfit.plan import plan as run_plan
+
+        result = run_plan(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=gpu, margin=margin,
+                          allow_precision_change=allow_precision_change, calibration=calibration)
+    written = []
+    if save is not None:
+        written.append(str(result.save(save)))
+    if plot is not None:
+        from memfit.plots import save_frontier_png
+
+        written.append(str(save_frontier_png(result, plot)))
+    if json_out:
+        typer.echo(result.to_json(indent=2))
+        return
+    from rich.console import Console
+
+    from memfit.render import render_plan
+
+    console = Console()
+    render_plan(result, console)
+    for path in written:
+        console.print(f"wrote {path}")
+
+
 @app.command("list")
 def list_builtins() -> None:
     """List the built-in workloads."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -496,3 +497,108 @@ def _frontier(candidates: list[Candidate]) -> list[Candidate]:
             out.append(c)
             best_time = c.step_time_s
     return out
+
+
+# ------------------------------------------------------------------------------------------- patch search
+
+
+def patch_ladder(start: tuple[int, ...], multiple: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Patch sizes from ``start`` down, nnU-Net's way: each step shrinks the axis that is largest relative to
+    ``start`` (so the aspect ratio of the data is kept) by one divisibility step, never below one step.
+
+    Example:
+        >>> patch_ladder((64, 64, 32), (16, 16, 16))[:4]
+        [(64, 64, 32), (48, 64, 32), (48, 48, 32), (48, 48, 16)]
+    """
+    patch = tuple(max(m, p // m * m) for p, m in zip(start, multiple, strict=True))
+    ladder = [patch]
+    while True:
+        shrinkable = [i for i, (p, m) in enumerate(zip(patch, multiple, strict=True)) if p > m]
+        if not shrinkable:
+            return ladder
+        axis = max(shrinkable, key=lambda i: (patch[i] / start[i], -i))
+        patch = tuple(p - multiple[i] if i == axis else p for i, p in enumerate(patch))
+        ladder.append(patch)
+
+
+def plan_patch(
+    workload: Workload,
+    *,
+    budget_bytes: int,
+    effective_batch: int | None = None,
+    gpu: str | GpuSpec | None = None,
+    allocator: AllocatorConfig | None = None,
+    margin: float = DEFAULT_MARGIN,
+    calibration: Any = None,
+    min_batch: int = 2,
+) -> Plan:
+    """The largest input patch (on ``patch_ladder`` from ``workload.patch_size``) whose step fits the budget at
+    a batch of at least ``min_batch``, as nnU-Net's planner picks it, but with the estimator instead of its proxy.
+
+    Memory is close to linear in the patch's voxels: two estimates give the line, the largest patch predicted to
+    fit is verified by an estimate of exactly it, and the next larger one too when the line says it is close.
+    """
+    started = time.perf_counter()
+    if workload.patch_size is None:
+        raise UsageError(
+            f"{workload.name} has no patch_size: set Workload.patch_size (the largest patch, e.g. the median image "
+            "shape) and patch_multiple (the network's downsampling), and make batch(n, patch_size) use it."
+        )
+    multiple = workload.patch_multiple or (1,) * len(workload.patch_size)
+    batch = max(min_batch, workload.batch_size) if effective_batch is None else effective_batch
+    if batch < min_batch:
+        raise UsageError(f"the patch search keeps the batch at {min_batch} or more, got effective batch {batch}.")
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
+    config = allocator if allocator is not None else AllocatorConfig.from_env()
+    limit = int(budget_bytes * (1 - margin))
+    search = _Search(workload, spec, config, limit, batch, calibration, False)
+    ladder = patch_ladder(workload.patch_size, multiple)
+    base = Config(micro_batch=batch, accumulation_steps=1, precision=workload.precision,
+                  checkpoint=workload.checkpoint, optimizer_impl=workload.optimizer_impl,
+                  channels_last=workload.channels_last)
+
+    def at(patch: tuple[int, ...]) -> Config:
+        return dataclasses.replace(base, patch_size=patch)
+
+    def voxels(patch: tuple[int, ...]) -> int:
+        return math.prod(patch)
+
+    big = search.estimate(at(ladder[0]))
+    quarter = min(ladder, key=lambda p: abs(voxels(p) - voxels(ladder[0]) / 4))
+    small = search.estimate(at(quarter))
+    slope = (big.device_bytes - small.device_bytes) / max(voxels(ladder[0]) - voxels(quarter), 1)
+
+    def predicted(patch: tuple[int, ...]) -> int:
+        return int(small.device_bytes + slope * (voxels(patch) - voxels(quarter)))
+
+    chosen: Candidate | None = None
+    order = [p for p in ladder if predicted(p) <= limit * (1 + _NEAR_MISS)]
+    for checked, patch in enumerate(order):
+        if checked >= _MAX_VERIFY:
+            break
+        v = _verified(search, at(patch))
+        if v.fits:
+            chosen = v
+            break
+    scored = [
+        _verified(search, c) if c in search.estimates else Candidate(
+            config=c, device_bytes=predicted(c.patch_size or ()), fits_in_bytes=predicted(c.patch_size or ())
+            - spec.cuda_context_bytes, step_time_s=search.step_time(c), samples_per_s=None, verified=False,
+            fits=predicted(c.patch_size or ()) <= limit,
+        )
+        for c in (at(p) for p in ladder)
+    ]
+    if chosen is None:
+        smallest = min(search.estimates.values(), key=lambda e: e.device_bytes)
+        raise BudgetTooSmallError(
+            f"no patch fits {format_bytes(budget_bytes)} at batch {batch}: the smallest tried needs "
+            f"{format_bytes(smallest.device_bytes)}. Try a smaller batch (min_batch), a larger GPU or bf16/fp16."
+        )
+    return Plan(
+        workload=workload.name, gpu=spec.name, budget_bytes=budget_bytes, margin=margin, effective_batch=batch,
+        chosen=chosen, frontier=[c for c in scored if c.fits], considered=len(scored), estimates=search.runs,
+        speed_model="calibrated" if calibration is not None else "roofline",
+        notes=[f"largest patch on the ladder from {'×'.join(map(str, workload.patch_size))} that fits at batch "
+               f"{batch}"],
+        elapsed_s=time.perf_counter() - started,
+    )

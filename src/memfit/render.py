@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from memfit.estimate import Estimate
     from memfit.explain import Explanation
     from memfit.measure import Measurement
+    from memfit.plan import Plan
 
 _CATEGORY_ORDER = (
     "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
@@ -184,3 +185,38 @@ def render_oom(diagnosis: dict[str, Any], console: Console) -> None:
     findings = diagnosis.get("findings", [])
     body = "\n".join(f"• {line}" for line in findings) or "The message holds no numbers to diagnose."
     console.print(Panel(body, title="The out-of-memory message", expand=False))
+
+
+def render_plan(p: Plan, console: Console) -> None:
+    """The chosen configuration, then the frontier of alternatives."""
+    from rich.panel import Panel
+    from rich.table import Table
+
+    c = p.chosen
+    cfg = c.config
+    lines = [
+        f"[bold]{cfg.label()}[/]",
+        f"micro-batch {cfg.micro_batch} × {cfg.accumulation_steps} accumulation steps = effective batch "
+        f"{cfg.effective_batch}",
+    ]
+    if cfg.checkpoint:
+        lines.append(f"checkpoint: {', '.join(cfg.checkpoint)}")
+    lines.append(f"needs {format_bytes(c.device_bytes)} of {format_bytes(p.budget_bytes)} "
+                 f"(kept under {1 - p.margin:.0%} of it)")
+    if c.step_time_s is not None:
+        lines.append(f"predicted {c.step_time_s * 1e3:.0f} ms per optimizer step, {c.samples_per_s:.1f} samples/s "
+                     f"({p.speed_model} speed model)")
+    console.print(Panel("\n".join(lines), title=f"plan for {p.workload} on {p.gpu}", expand=False))
+    t = Table(title="Frontier: no other configuration is both smaller and faster", title_justify="left")
+    for col in ("configuration", "needs", "ms/step", "samples/s", "memory from"):
+        t.add_column(col, justify="left" if col in ("configuration", "memory from") else "right")
+    for f in p.frontier:
+        mark = "[bold]→ [/]" if f.config == cfg else ""
+        t.add_row(mark + f.config.label(), format_bytes(f.device_bytes),
+                  "" if f.step_time_s is None else f"{f.step_time_s * 1e3:.0f}",
+                  "" if f.samples_per_s is None else f"{f.samples_per_s:.1f}",
+                  "estimate" if f.verified else "line through estimates")
+    console.print(t)
+    for note in p.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"[dim]{p.considered} configurations scored, {p.estimates} traced, in {p.elapsed_s:.1f} s[/]")

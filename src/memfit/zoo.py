@@ -86,7 +86,9 @@ def _unet2d() -> Workload:
         description="2-D U-Net on 1024x1024 4-band satellite tiles, 6 classes, BatchNorm, AdamW",
         model=lambda: UNet(dims=2, in_channels=4, classes=6, features=(64, 128, 256, 512, 1024), norm="batch",
                            deep_supervision=False),
-        batch=lambda n: (torch.randn(n, 4, 1024, 1024), torch.randint(0, 6, (n, 1024, 1024))),
+        batch=lambda n, patch: (torch.randn(n, 4, *patch), torch.randint(0, 6, (n, *patch))),
+        patch_size=(1024, 1024),
+        patch_multiple=(16, 16),  # 4 stride-2 downsamplings
         loss=lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]),
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
         batch_size=1,
@@ -105,7 +107,9 @@ def _unet3d() -> Workload:
         description="nnU-Net 3d_fullres PlainConvUNet (32..320), 4 modalities, 128^3 patches, deep supervision, "
         "SGD nesterov 0.99, fp16 + GradScaler",
         model=lambda: UNet(dims=3, in_channels=4, classes=4),
-        batch=lambda n: (torch.randn(n, 4, 128, 128, 128), torch.randint(0, 4, (n, 128, 128, 128))),
+        batch=lambda n, patch: (torch.randn(n, 4, *patch), torch.randint(0, 4, (n, *patch))),
+        patch_size=(128, 128, 128),
+        patch_multiple=(32, 32, 32),  # 5 stride-2 downsamplings, as nnU-Net's 6-stage 3d_fullres
         loss=lambda out, batch: deep_supervision_loss(out, batch[1]),
         optimizer=lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.99, nesterov=True, weight_decay=3e-5),
         batch_size=2,
