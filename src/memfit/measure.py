@@ -62,21 +62,31 @@ class Measurement:
         return asdict(self)
 
 
-def _spec_args(spec: str, batch_size: int | None, precision: str | None) -> list[str]:
+def _spec_args(spec: str, batch_size: int | None, precision: str | None,
+               changes: dict[str, Any] | None = None) -> list[str]:
     args = [spec]
     if batch_size is not None:
         args += ["--batch-size", str(batch_size)]
     if precision is not None:
         args += ["--precision", precision]
+    if changes:
+        args += ["--changes", json.dumps(changes)]
     return args
+
+
+def _apply_changes(workload: Any, changes: dict[str, Any]) -> Any:
+    """``Workload.replace`` from JSON, where tuples arrive as lists."""
+    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+    return workload.replace(**fixed)
 
 
 def run_trial(
     spec: str, *, batch_size: int | None = None, precision: str | None = None, cap_bytes: int | None = None,
     snapshot: str | None = None, trace: str | None = None, timeout_s: float = 600,
+    changes: dict[str, Any] | None = None,
 ) -> Trial:
     """One protocol run in a fresh Python process."""
-    cmd = [sys.executable, "-m", "memfit.measure", *_spec_args(spec, batch_size, precision)]
+    cmd = [sys.executable, "-m", "memfit.measure", *_spec_args(spec, batch_size, precision, changes)]
     if cap_bytes is not None:
         cmd += ["--cap-bytes", str(cap_bytes)]
     if snapshot:
@@ -100,6 +110,7 @@ def measure(
     snapshot: str | None = None,
     hint_bytes: int | None = None,
     trace: str | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> Measurement:
     """Measure ``spec`` (a built-in name or ``file.py[:name]``) on the current GPU.
 
@@ -108,13 +119,15 @@ def measure(
         tolerance: stop the bisection when the bracket is narrower than this fraction of the peak.
         snapshot: write a memory snapshot (pytorch.org/memory_viz) of the uncapped run to this path.
         hint_bytes: a predicted cap (e.g. ``Estimate.fits_in_bytes``) to start the bracket near.
+        changes: ``Workload`` fields to change first (a fix or a plan's configuration), as JSON-able values.
     """
     import torch
 
     if not torch.cuda.is_available():
         raise DeviceError("memfit measure needs a CUDA GPU and none is visible. Use `memfit estimate` instead.")
     props = torch.cuda.get_device_properties(0)
-    first = run_trial(spec, batch_size=batch_size, precision=precision, snapshot=snapshot, trace=trace)
+    first = run_trial(spec, batch_size=batch_size, precision=precision, snapshot=snapshot, trace=trace,
+                      changes=changes)
     if not first.ok:
         raise DeviceError(f"the uncapped run of {spec} failed: {first.error}")
     trials = [first]
@@ -124,12 +137,12 @@ def measure(
         lo, hi = first.peak_allocated_bytes - 1, first.peak_reserved_bytes
         step = max(int(tolerance * first.peak_allocated_bytes), 2 << 20)
         if hint_bytes is not None and lo < hint_bytes < hi:
-            t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=hint_bytes)
+            t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=hint_bytes, changes=changes)
             trials.append(t)
             lo, hi = (lo, hint_bytes) if t.ok else (hint_bytes, hi)
         while hi - lo > step:
             mid = (lo + hi) // 2
-            t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=mid)
+            t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=mid, changes=changes)
             trials.append(t)
             lo, hi = (lo, mid) if t.ok else (mid, hi)
         fits_in = hi
@@ -178,6 +191,7 @@ def _trial_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--snapshot")
     parser.add_argument("--trace", help="write the allocator's alloc/free stream as gzip JSON (calibration)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    parser.add_argument("--changes", help="JSON object of Workload fields to change (a fix or a plan)")
     args = parser.parse_args(argv)
 
     import torch
@@ -189,6 +203,8 @@ def _trial_main(argv: list[str] | None = None) -> None:
     workload = load_workload(args.spec)
     changes = {k: v for k, v in (("batch_size", args.batch_size), ("precision", args.precision)) if v}
     workload = workload.replace(**changes) if changes else workload
+    if args.changes:
+        workload = _apply_changes(workload, json.loads(args.changes))
     torch.cuda.init()
     total = torch.cuda.get_device_properties(0).total_memory
     if args.cap_bytes:
