@@ -1,14 +1,15 @@
 """Three real cases for ``memfit explain``, checked on a GPU (issue "memfit explain", quality bar).
 
 For each case (examples/explain/*.py with a budget):
-1. ``explain()`` on this machine's GPU model: the diagnosis, the fixes, the report and PNGs (written to $OUT);
+1. ``explain()`` on the CPU machine (``predict``): the diagnosis, the fixes, the report and PNGs;
 2. a phase profile of the real step (allocated memory at each phase boundary and the peak inside each phase),
    which says measured what the peak is made of and when it happens;
 3. the step under the budget (allocator cap = budget - the CUDA context measured in the uncapped run): the
    original must run out of memory, the cheapest fix that the explanation says fits must run;
 4. the top fix measured (peak allocated, and the smallest cap by bisection) against its prediction.
 
-    python benchmarks/explain_cases.py --out $OUT          # on the GPU machine
+    python benchmarks/explain_cases.py predict --out examples/explain/reports   # CPU machine
+    python benchmarks/explain_cases.py measure --predictions examples/explain/reports --out $OUT   # GPU
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def profile_phases(spec: str, changes: dict) -> dict:
 
 
 def _profile_in_subprocess(spec: str, changes: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--profile", spec, "--changes", json.dumps(changes)],
+    proc = subprocess.run([sys.executable, __file__, "profile", "--spec", spec, "--changes", json.dumps(changes)],
                           capture_output=True, text=True, timeout=600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -84,93 +84,96 @@ def _profile_in_subprocess(spec: str, changes: dict) -> dict:
     return json.loads(lines[-1])
 
 
-def run_case(name: str, budget: str, out: Path) -> dict:
+def predict_case(name: str, budget: str, out: Path) -> None:
     from memfit.explain import explain
-    from memfit.gpus import detect_gpu
-    from memfit.measure import measure, run_trial
     from memfit.units import parse_bytes
     from memfit.workload import load_workload
 
     spec = str(ROOT / "examples" / "explain" / f"{name}.py")
-    budget_bytes = parse_bytes(budget)
-    gpu = detect_gpu()
-    started = time.perf_counter()
-    e = explain(load_workload(spec), gpu=gpu, budget_bytes=budget_bytes)
-    explain_s = time.perf_counter() - started
+    e = explain(load_workload(spec), gpu="h100", budget_bytes=parse_bytes(budget))
     (out / f"{name}.explanation.json").write_text(e.to_json(indent=1))
-    try:
-        from memfit.report import write_pngs, write_report
+    from memfit.report import write_pngs, write_report
 
-        write_report(e, out / f"{name}.html")
-        write_pngs(e, out / f"{name}_png")
-    except Exception as exc:  # the pictures are a bonus here; the numbers below are the check
-        print(f"{name}: report failed: {exc}", flush=True)
+    write_report(e, out / f"{name}.html")
+    write_pngs(e, out / f"{name}_png")
+    print(f"{name}: {e.headline} ({e.elapsed_s:.0f} s)", flush=True)
 
+
+def measure_case(name: str, budget: str, predictions: Path) -> dict:
+    from memfit.measure import measure, run_trial
+    from memfit.units import parse_bytes
+
+    spec = str(ROOT / "examples" / "explain" / f"{name}.py")
+    budget_bytes = parse_bytes(budget)
+    e = json.loads((predictions / f"{name}.explanation.json").read_text())
     profile = _profile_in_subprocess(spec, {})
     base = run_trial(spec)
     cap = budget_bytes - base.outside_allocator_bytes
     base_capped = run_trial(spec, cap_bytes=cap)
-    fitting = sorted((f for f in e.fixes if f.fits_budget and not f.allocator),
-                     key=lambda f: (_TRAINING_COST[f.changes_training], -f.saving_bytes))
+    fitting = sorted((f for f in e["fixes"] if f["fits_budget"] and not f["allocator"]),
+                     key=lambda f: (_TRAINING_COST[f["changes_training"]], -f["saving_bytes"]))
     fit = fitting[0] if fitting else None
-    fit_capped = run_trial(spec, cap_bytes=cap, changes=fit.changes) if fit else None
-    top = next((f for f in e.fixes if not f.allocator), None)
-    top_measured = measure(spec, changes=top.changes, hint_bytes=top.fits_in_bytes) if top else None
+    fit_capped = run_trial(spec, cap_bytes=cap, changes=fit["changes"]) if fit else None
+    top = next((f for f in e["fixes"] if not f["allocator"]), None)
+    top_measured = measure(spec, changes=top["changes"], hint_bytes=top["fits_in_bytes"]) if top else None
+    est = e["estimate"]
     record = {
         "case": name,
         "budget_bytes": budget_bytes,
         "allocator_cap_bytes": cap,
-        "explain_s": explain_s,
         "predicted": {
-            "headline": e.headline,
-            "dominant": e.parts[0].category,
-            "parts": {p.category: p.nbytes for p in e.parts},
-            "peak_phase": e.estimate.peak_phase,
-            "peak_step": e.estimate.peak_step,
-            "peak_allocated_bytes": e.estimate.peak_allocated_bytes,
-            "fits_in_bytes": e.estimate.fits_in_bytes,
-            "device_bytes": e.estimate.device_bytes,
+            "headline": e["headline"],
+            "dominant": e["parts"][0]["category"],
+            "parts": {p["category"]: p["nbytes"] for p in e["parts"]},
+            "peak_phase": est["peak_phase"],
+            "peak_step": est["peak_step"],
+            "peak_allocated_bytes": est["peak_allocated_bytes"],
+            "fits_in_bytes": est["fits_in_bytes"],
+            "device_bytes": est["device_bytes"],
         },
         "measured_profile": profile,
         "base_uncapped": base.__dict__,
         "base_under_budget": base_capped.__dict__,
         "fitting_fix": None if fit is None else {
-            "name": fit.name, "changes": fit.changes, "predicted_device_bytes": fit.device_bytes,
+            "name": fit["name"], "changes": fit["changes"], "predicted_device_bytes": fit["device_bytes"],
             "under_budget": fit_capped.__dict__,
         },
         "top_fix": None if top is None else {
-            "name": top.name, "changes": top.changes,
-            "predicted_peak_allocated_bytes": top.peak_allocated_bytes,
-            "predicted_fits_in_bytes": top.fits_in_bytes,
+            "name": top["name"], "changes": top["changes"],
+            "predicted_peak_allocated_bytes": top["peak_allocated_bytes"],
+            "predicted_fits_in_bytes": top["fits_in_bytes"],
             "measured_peak_allocated_bytes": top_measured.peak_allocated_bytes,
             "measured_fits_in_bytes": top_measured.fits_in_bytes,
         },
     }
-    print(json.dumps({k: record[k] for k in ("case", "predicted")}, indent=1), flush=True)
-    print(f"  measured peak phase {profile.get('peak_phase')} step {profile.get('peak_step')}, base under budget "
-          f"ok={base_capped.ok}, fix {fit.name if fit else None} under budget ok={fit_capped and fit_capped.ok}",
+    print(f"{name}: measured peak {profile.get('peak_phase')} step {profile.get('peak_step')}, base under budget "
+          f"ok={base_capped.ok}, fix {fit and fit['name']} under budget ok={fit_capped and fit_capped.ok}",
           flush=True)
     return record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("stage", choices=("predict", "measure", "profile"))
     parser.add_argument("--out", default="out")
-    parser.add_argument("--profile")
+    parser.add_argument("--predictions", default=str(ROOT / "examples" / "explain" / "reports"))
+    parser.add_argument("--spec")
     parser.add_argument("--changes", default="{}")
     parser.add_argument("--cases", default=",".join(n for n, _ in CASES))
     args = parser.parse_args()
-    if args.profile:
-        print(json.dumps(profile_phases(args.profile, json.loads(args.changes))))
+    if args.stage == "profile":
+        print(json.dumps(profile_phases(args.spec, json.loads(args.changes))))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = [(n, b) for n, b in CASES if n in args.cases.split(",")]
+    if args.stage == "predict":
+        for name, budget in chosen:
+            predict_case(name, budget, out)
         return
     import torch
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    records = []
-    for name, budget in CASES:
-        if name in args.cases.split(","):
-            records.append(run_case(name, budget, out))
+    records = [measure_case(name, budget, Path(args.predictions)) for name, budget in chosen]
     props = torch.cuda.get_device_properties(0)
     result = {
         "gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
