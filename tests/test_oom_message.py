@@ -317,7 +317,19 @@ def test_a_small_unallocated_share_is_said_not_to_be_fragmentation() -> None:
     assert "fragmentation" not in d.causes and d.causes == ["needs_more_memory"]
     assert any(f.startswith("Fragmentation is not the cause: only 43.59 MiB (<1%)") for f in d.findings)
     assert any("this process outside PyTorch (CUDA context, NCCL, libraries) 314.81 MiB" in f for f in d.findings)
-    assert "31.12 GiB, 131% of the GPU" in d.findings[-1]
+    assert "31.12 GiB, 131% of the GPU" in d.findings[-2]  # the verdict, then where the memory went
+    assert d.findings[-1].startswith("Where the GPU's 23.68 GiB went: live tensors 11.44 GiB")
+
+
+def test_memory_nvml_does_not_list_is_named_not_guessed() -> None:
+    # NVML lists compute processes only: a desktop's graphics memory shows up as the unlisted remainder
+    d = diagnose_oom(parse_oom_message(TORCHRUN_NO_INDEX))
+    assert "not listed (graphics processes, the driver) 507.43 MiB" in d.findings[-1]
+
+
+def test_free_memory_at_least_the_request_is_pointed_out() -> None:
+    d = diagnose_oom(parse_oom_message(TORCH_2_1_NVML_NA))
+    assert any(f.startswith("The GPU reported 6.72 GiB free, at least the request") for f in d.findings)
 
 
 def test_memory_of_other_processes_is_not_yours_to_fix() -> None:
@@ -345,6 +357,8 @@ def test_a_per_process_cap_that_binds_while_the_gpu_had_room() -> None:
     rocm = diagnose_oom(parse_oom_message(ROCM_PRIVATE_POOLS))
     assert "memory_cap" in rocm.causes
     assert any("17.00 MiB of the allocated memory is in private pools" in f for f in rocm.findings)
+    # the request is printed equal to the cap (both 5.59 GiB): the allocator rounded it up past the cap
+    assert diagnose_oom(parse_oom_message(TORCH_1X_ALLOWED)).causes == ["memory_cap"]
     limited = diagnose_oom(parse_oom_message(ASYNC_WITH_LIMIT))
     assert "memory_cap" in limited.causes
     assert any("backend:cudaMallocAsync" in f for f in limited.findings)

@@ -27,6 +27,9 @@ FRAGMENTATION_SHARE = 0.10
 # Other processes count as a cause from this share of the GPU, even when freeing them alone would not fit the
 # request: beyond it they visibly shrink what this job can plan for.
 OTHER_PROCESSES_SHARE = 0.10
+# Printed sizes carry +-0.005 of their unit (format_size's two decimals): up to 0.5 % each, so comparisons of
+# printed numbers allow 1 % (a request printed equal to the cap did pass it; the allocator rounds requests up).
+_ROUNDING = 0.01
 # The findings that name a cause; without one of them the verdict is "the step needs more memory".
 _CAUSES = {"request_exceeds_gpu", "other_processes", "memory_cap", "fragmentation"}
 
@@ -135,7 +138,7 @@ def _diagnose_allocator(m: OomMessage, findings: list[str], causes: list[str]) -
     # A cap binds when the allocator's own total plus the request passes it (alloc_block in
     # CUDACachingAllocator.cpp: total_allocated_memory + size > allowed_memory_maximum; mallocAsync: used + size).
     held = reserved if reserved is not None else alloc
-    if cap is not None and req is not None and held is not None and held + req > cap:
+    if cap is not None and req is not None and held is not None and held + req > (1 - _ROUNDING) * cap:
         causes.append("memory_cap")
         findings.append(
             f"A per-process cap of {fmt(cap)} is set (set_per_process_memory_fraction): PyTorch held {fmt(held)} "
@@ -188,24 +191,38 @@ def _diagnose_allocator(m: OomMessage, findings: list[str], causes: list[str]) -
             f"{fmt(m.private_pools_bytes)} of the allocated memory is in private pools (CUDA Graphs, torch.compile "
             "mode='reduce-overhead'): it stays reserved until the captured graphs are freed."
         )
+    if req is not None and free is not None and free >= req and "memory_cap" not in causes:
+        findings.append(
+            f"The GPU reported {fmt(free)} free, at least the request, yet the allocation failed: the free figure "
+            "is read after the failure (memory released in between counts as free), or it was not one usable block."
+        )
+    verdict = _verdict(m, this, other_total, causes)
+    if verdict:
+        findings.append(verdict)
     if total is not None and free is not None and alloc is not None:
         findings.append(_where_it_went(m, this, other_total))
+
+
+def _verdict(m: OomMessage, this: int | None, other_total: int, causes: list[str]) -> str | None:
+    """Without a named cause: memory outside PyTorch's allocator, or PyTorch's own tensors, filled the GPU."""
+    req, total, free, alloc = m.tried_to_allocate_bytes, m.total_capacity_bytes, m.free_bytes, m.allocated_by_pytorch_bytes
     if set(causes) & _CAUSES or alloc is None or req is None or total is None or free is None or alloc > total:
-        return
+        return None
+    fmt = format_bytes
     # Memory neither PyTorch's nor free nor another listed process's: this process's CUDA context and libraries,
     # or (without per-process numbers) anyone. It is the cause when it is the larger consumer and the request
     # would have fit without it; otherwise PyTorch's own tensors filled the GPU.
-    outside = total - free - (reserved if reserved is not None else alloc) - other_total
+    held = m.reserved_by_pytorch_bytes if m.reserved_by_pytorch_bytes is not None else alloc
+    outside = total - free - held - other_total
     if free < req <= free + outside and outside > alloc:
         causes.append("memory_outside_pytorch")
-        findings.append(
+        return (
             f"{fmt(outside)} of the GPU is held outside PyTorch's allocator, more than PyTorch's own tensors "
             f"({fmt(alloc)}); without it the request would have fit. Look for other processes (nvidia-smi) and for "
             "libraries that allocate on their own (another framework, a model server, NCCL)."
         )
-        return
     causes.append("needs_more_memory")
-    findings.append(
+    return (
         f"Nothing else stands out: PyTorch's live tensors ({fmt(alloc)}) and this request need {fmt(alloc + req)}, "
         f"{_pct((alloc + req) / total)} of the GPU. The step needs more than this GPU gives it: shrink its peak "
         "(smaller batch, activation checkpointing, lower precision, sharded optimizer state) or use a larger GPU."
@@ -229,7 +246,10 @@ def _where_it_went(m: OomMessage, this: int | None, other_total: int) -> str:
     rest = total - sum(b for _, b in parts)
     note = ""
     if rest > 0.01 * total:  # rounding of the printed sizes alone stays under 1 % (two decimals per value)
-        parts.append(("unaccounted" if this is not None else "outside PyTorch's tensors", rest))
+        # NVML's list is of compute processes only (nvmlDeviceGetComputeRunningProcesses in
+        # reportProcessMemoryInfo): a desktop's graphics processes and the driver's own share are not in it.
+        parts.append(("not listed (graphics processes, the driver)" if this is not None
+                      else "outside PyTorch's tensors", rest))
         if this is None:  # torch <= 2.0, ROCm and cudaMallocAsync messages carry no per-process numbers
             note = (" The message does not say whose the last part is: the CUDA context, other libraries, other "
                     "processes" + (" or the pool's cache." if m.allocator == "cudaMallocAsync" else "."))
