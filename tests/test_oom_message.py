@@ -26,13 +26,13 @@ def b(value: float, unit: int) -> int:
 
 # torch 1.4-1.x, pytorch#32101 (2020): the parenthesised format, "reserved in total by PyTorch".
 TORCH_1X = (
-    "RuntimeError: CUDA out of memory. Tried to allocate 152.00 MiB (GPU 0; 31.72 GiB total capacity; 24.89 GiB "
-    "already allocated; 6.12 MiB free; 30.70 GiB reserved in total by PyTorch)"
+    "RuntimeError: CUDA out of memory. Tried to allocate 152.00 MiB (GPU 0; 31.72 GiB total capacity; 24.89 "
+    "GiB already allocated; 6.12 MiB free; 30.70 GiB reserved in total by PyTorch)"
 )
 # torch 1.0, PR #13751 description (2018): "cached" instead of "reserved".
 TORCH_1_0_CACHED = (
-    "RuntimeError: CUDA out of memory. Tried to allocate 16.00 GiB (GPU 0; 11.93 GiB total capacity; 4.00 GiB "
-    "already allocated; 7.33 GiB free; 179.00 KiB cached)"
+    "RuntimeError: CUDA out of memory. Tried to allocate 16.00 GiB (GPU 0; 11.93 GiB total capacity; 4.00 "
+    "GiB already allocated; 7.33 GiB free; 179.00 KiB cached)"
 )
 # torch 1.8-2.0 with set_per_process_memory_fraction(0.5), quoted in a public tutorial repository.
 TORCH_1X_ALLOWED = (
@@ -42,11 +42,11 @@ TORCH_1X_ALLOWED = (
 # torch 1.10-2.0 with the max_split_size_mb sentence (libtorch under R torch 0.13), mlverse/torch#1222.
 TORCH_2_0 = (
     "CUDA out of memory. Tried to allocate 2.93 GiB (GPU 0; 23.80 GiB total capacity; 12.04 GiB already "
-    "allocated; 2.82 GiB free; 19.69 GiB reserved in total by Pytorch) If reserved memory is >> allocated memory "
-    "try setting max_split_size_mb to avoid fragmentation. See documentation for Memory Management and "
-    "PYTORCH_CUDA_ALLOC_CONF"
+    "allocated; 2.82 GiB free; 19.69 GiB reserved in total by Pytorch) If reserved memory is >> allocated "
+    "memory try setting max_split_size_mb to avoid fragmentation. See documentation for Memory Management "
+    "and PYTORCH_CUDA_ALLOC_CONF"
 )
-# torch 2.1, PR #99699 description (2023-04), wrapped over lines as the PR shows it: "capacty", NVML processes.
+# torch 2.1, PR #99699 description (2023-04), wrapped as the PR shows it: "capacty", NVML processes.
 TORCH_2_1_WRAPPED = """torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 138.00 MiB.
 GPU 0 has a total capacty of 15.90 GiB of which 8.44 MiB is free.
 Process 1246069 has 577.00 MiB memory in use. Including non-PyTorch memory,
@@ -58,70 +58,73 @@ try setting max_split_size_mb to avoid fragmentation.  See documentation
 # torch 2.1, a sweep log in a public repository: two processes listed, this one not by name (a container).
 TORCH_2_1_TWO_PROCESSES = (
     "[sweep] M432_sk3 FAILED: CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacty of "
-    "23.52 GiB of which 212.69 MiB is free. Process 224599 has 21.48 GiB memory in use. Process 277412 has 1.75 "
-    "GiB memory in use. Of the allocated memory 1.15 GiB is allocated by PyTorch, and 143.83 MiB is reserved by "
-    "PyTorch but unallocated. If reserved but unallocated memory is large try setting max_split_size_mb to avoid "
-    "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF"
+    "23.52 GiB of which 212.69 MiB is free. Process 224599 has 21.48 GiB memory in use. Process 277412 has "
+    "1.75 GiB memory in use. Of the allocated memory 1.15 GiB is allocated by PyTorch, and 143.83 MiB is "
+    "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+    "max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and "
+    "PYTORCH_CUDA_ALLOC_CONF"
 )
-# torch 2.1 on Windows: NVML_VALUE_NOT_AVAILABLE printed as format_size(UINT64_MAX), from a public notebook log.
+# torch 2.1 on Windows, a public notebook log: NVML_VALUE_NOT_AVAILABLE printed as format_size(UINT64_MAX).
 TORCH_2_1_NVML_NA = (
-    "CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 has a total capacty of 23.99 GiB of which 6.72 GiB is "
-    "free. Including non-PyTorch memory, this process has 17179869184.00 GiB memory in use. Of the allocated memory "
-    "14.85 GiB is allocated by PyTorch, and 825.34 MiB is reserved by PyTorch but unallocated. If reserved but "
-    "unallocated memory is large try setting max_split_size_mb to avoid fragmentation.  See documentation for "
-    "Memory Management and PYTORCH_CUDA_ALLOC_CONF"
+    "CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 has a total capacty of 23.99 GiB of which 6.72 "
+    "GiB is free. Including non-PyTorch memory, this process has 17179869184.00 GiB memory in use. Of the "
+    "allocated memory 14.85 GiB is allocated by PyTorch, and 825.34 MiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting max_split_size_mb to avoid "
+    "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF"
 )
 # torch >= 2.2, a public README (Qwen2-VL generate): expandable_segments hint, pytorch.org link.
 TORCH_2_2 = (
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 19.68 GiB. GPU 0 has a total capacity of 23.68 "
-    "GiB of which 11.88 GiB is free. Including non-PyTorch memory, this process has 11.79 GiB memory in use. Of the "
-    "allocated memory 11.44 GiB is allocated by PyTorch, and 43.59 MiB is reserved by PyTorch but unallocated. If "
-    "reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-    "fragmentation.  See documentation for Memory Management  "
-    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 19.68 GiB. GPU 0 has a total capacity of "
+    "23.68 GiB of which 11.88 GiB is free. Including non-PyTorch memory, this process has 11.79 GiB memory "
+    "in use. Of the allocated memory 11.44 GiB is allocated by PyTorch, and 43.59 MiB is reserved by PyTorch "
+    "but unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+    "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
 )
 # torch >= 2.2 in a container (vLLM issue, Llama-4 Scout on 2xH100 NVL, 2025-04): this process appears only
 # as "Process <host pid>"; the issue cut the link short.
 TORCH_2_2_CONTAINER = (
-    "(VllmWorker rank=1 pid=254) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.25 GiB. GPU 1 has "
-    "a total capacity of 93.02 GiB of which 1.18 GiB is free. Process 2752205 has 91.82 GiB memory in use. Of the "
-    "allocated memory 90.63 GiB is allocated by PyTorch, and 120.54 MiB is reserved by PyTorch but unallocated. If "
-    "reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-    "fragmentation. See documentation for Memory Management (https://pytorch.org/docs/stable/notes/cuda.html#enviro"
+    "(VllmWorker rank=1 pid=254) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.25 GiB. GPU "
+    "1 has a total capacity of 93.02 GiB of which 1.18 GiB is free. Process 2752205 has 91.82 GiB memory in "
+    "use. Of the allocated memory 90.63 GiB is allocated by PyTorch, and 120.54 MiB is reserved by PyTorch "
+    "but unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation. See documentation for Memory "
+    "Management (https://pytorch.org/docs/stable/notes/cuda.html#enviro"
 )
 # torch >= 2.2 with a memory fraction and another process, quoted in a public test file.
 TORCH_2_2_ALLOWED = (
-    "OutOfMemoryError: CUDA out of memory. Tried to allocate 996.00 MiB. GPU 0 has a total capacity of 44.43 GiB of "
-    "which 9.06 GiB is free. Process 2102129 has 17.54 GiB memory in use. Including non-PyTorch memory, this process "
-    "has 17.81 GiB memory in use. 17.69 GiB allowed; Of the allocated memory 17.44 GiB is allocated by PyTorch, and "
-    "59.88 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation. See documentation for Memory "
-    "Management (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    "OutOfMemoryError: CUDA out of memory. Tried to allocate 996.00 MiB. GPU 0 has a total capacity of 44.43 "
+    "GiB of which 9.06 GiB is free. Process 2102129 has 17.54 GiB memory in use. Including non-PyTorch "
+    "memory, this process has 17.81 GiB memory in use. 17.69 GiB allowed; Of the allocated memory 17.44 GiB "
+    "is allocated by PyTorch, and 59.88 MiB is reserved by PyTorch but unallocated. If reserved but "
+    "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation. See documentation for Memory Management "
+    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
 )
 # torch main (2025-26, docs.pytorch.org link), a training log from 2026: cap, NVML n/a, heavy fragmentation.
 TORCH_MAIN = (
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.98 GiB. GPU 0 has a total capacity of 31.84 "
-    "GiB of which 16.30 GiB is free. Including non-PyTorch memory, this process has 17179869184.00 GiB memory in "
-    "use. 17.51 GiB allowed; Of the allocated memory 6.74 GiB is allocated by PyTorch, and 7.02 GiB is reserved by "
-    "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.98 GiB. GPU 0 has a total capacity of "
+    "31.84 GiB of which 16.30 GiB is free. Including non-PyTorch memory, this process has 17179869184.00 GiB "
+    "memory in use. 17.51 GiB allowed; Of the allocated memory 6.74 GiB is allocated by PyTorch, and 7.02 "
+    "GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
-    "Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-"
-    "alloc-conf)"
+    "Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-"
+    "pytorch-cuda-alloc-conf)"
 )
 # ROCm, PyTorch's own CI log of test_cuda.py: memory fraction and CUDA-graph ("HIP Graphs") private pools.
 ROCM_PRIVATE_POOLS = (
-    "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 76.00 MiB. GPU 0 has a total capacity of 255.69 "
-    "GiB of which 252.82 GiB is free. 1.20 GiB allowed; Of the allocated memory 1.14 GiB is allocated by PyTorch, "
-    "with 17.00 MiB allocated in private pools (e.g., HIP Graphs), and 18.63 MiB is reserved by PyTorch but "
-    "unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
-    "expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  "
-    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 76.00 MiB. GPU 0 has a total capacity of "
+    "255.69 GiB of which 252.82 GiB is free. 1.20 GiB allowed; Of the allocated memory 1.14 GiB is allocated "
+    "by PyTorch, with 17.00 MiB allocated in private pools (e.g., HIP Graphs), and 18.63 MiB is reserved by "
+    "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+    "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
 )
 # ROCm, a public agent transcript: nothing allocated by PyTorch, "0 bytes", PYTORCH_HIP_ALLOC_CONF.
 ROCM_ZERO = (
-    "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 978.00 MiB. GPU 0 has a total capacity of 15.98 "
-    "GiB of which 630.00 MiB is free. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is "
-    "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+    "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 978.00 MiB. GPU 0 has a total capacity of "
+    "15.98 GiB of which 630.00 MiB is free. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 "
+    "bytes is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
     "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
     "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
 )
@@ -129,10 +132,10 @@ ROCM_ZERO = (
 TORCH_2_3_TRUNCATED = "OutOfMemoryError: CUDA out of memory. Tried to allocate 3725.29 GiB. GPU"
 # torchrun log, a public repository: "[rank1]: " prefix and the index printed as an unprintable char.
 TORCHRUN_NO_INDEX = (
-    "[rank1]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 274.00 MiB. GPU  has a total "
-    "capacity of 4.93 GiB of which 137.69 MiB is free. Including non-PyTorch memory, this process has 4.30 GiB "
-    "memory in use. Of the allocated memory 4.14 GiB is allocated by PyTorch, and 35.88 MiB is reserved by PyTorch "
-    "but unallocated. If reserved but unallocated memory is large try setting "
+    "[rank1]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 274.00 MiB. GPU  has a "
+    "total capacity of 4.93 GiB of which 137.69 MiB is free. Including non-PyTorch memory, this process has "
+    "4.30 GiB memory in use. Of the allocated memory 4.14 GiB is allocated by PyTorch, and 35.88 MiB is "
+    "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
     "Management  (https://p"
 )
@@ -142,7 +145,7 @@ Currently allocated : 9.43 GiB
 Requested           : 640.00 MiB
 Device limit        : 11.59 GiB
 Free (according to CUDA): 7.12 MiB"""
-# backend:cudaMallocAsync as mallocAsync in c10/cuda/CUDAMallocAsyncAllocator.cpp builds it (not a real capture:
+# backend:cudaMallocAsync as mallocAsync (c10/cuda/CUDAMallocAsyncAllocator.cpp) builds it (not a capture:
 # no public log with the limit line was found), with set_per_process_memory_fraction(0.5) on an 80 GiB card.
 ASYNC_WITH_LIMIT = """Allocation on device 1 would exceed allowed memory. (out of memory)
 Currently allocated     : 39.50 GiB
@@ -153,8 +156,9 @@ PyTorch limit (set by user-supplied memory fraction)
                         : 39.59 GiB"""
 # C10_CUDA_CHECK outside the allocator, a public training log; suffix lines from c10/cuda/CUDAException.cpp.
 RUNTIME = (
-    "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other "
-    "API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1."
+    "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some "
+    "other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
+    "CUDA_LAUNCH_BLOCKING=1."
 )
 # cuBLAS handle creation, GPTQModel issue (2025-10) and huggingface/transformers#3495.
 CUBLAS = "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
@@ -179,7 +183,8 @@ OVER_1EB = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more t
         (TORCH_2_1_WRAPPED, dict(torch_format="torch 2.1", tried_to_allocate_bytes=138 * MiB, gpu_index=0,
                                  total_capacity_bytes=b(15.90, GiB), free_bytes=b(8.44, MiB),
                                  other_processes=((1246069, 577 * MiB),), this_process_bytes=b(15.32, GiB),
-                                 allocated_by_pytorch_bytes=b(14.12, GiB), reserved_unallocated_bytes=b(410.41, MiB),
+                                 allocated_by_pytorch_bytes=b(14.12, GiB),
+                                 reserved_unallocated_bytes=b(410.41, MiB),
                                  reserved_by_pytorch_bytes=b(14.12, GiB) + b(410.41, MiB),
                                  expandable_segments_hint=False)),
         (TORCH_2_1_TWO_PROCESSES, dict(torch_format="torch 2.1", this_process_bytes=None,
@@ -188,7 +193,8 @@ OVER_1EB = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more t
         (TORCH_2_2, dict(torch_format="torch>=2.2", tried_to_allocate_bytes=b(19.68, GiB),
                          this_process_bytes=b(11.79, GiB), other_processes=(), memory_cap_bytes=None,
                          expandable_segments_hint=True)),
-        (TORCH_2_2_CONTAINER, dict(gpu_index=1, this_process_bytes=None, other_processes=((2752205, b(91.82, GiB)),))),
+        (TORCH_2_2_CONTAINER, dict(gpu_index=1, this_process_bytes=None,
+                                   other_processes=((2752205, b(91.82, GiB)),))),
         (TORCH_2_2_ALLOWED, dict(memory_cap_bytes=b(17.69, GiB), this_process_bytes=b(17.81, GiB),
                                  other_processes=((2102129, b(17.54, GiB)),))),
         (TORCH_MAIN, dict(torch_format="torch>=2.2", this_process_bytes=None, memory_cap_bytes=b(17.51, GiB),
@@ -198,12 +204,15 @@ OVER_1EB = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more t
                                   reserved_unallocated_bytes=b(18.63, MiB))),
         (ROCM_ZERO, dict(torch_format="torch>=2.2 (ROCm)", allocated_by_pytorch_bytes=0,
                          reserved_by_pytorch_bytes=0, expandable_segments_hint=True)),
-        (TORCH_2_3_TRUNCATED, dict(torch_format="torch>=2.1 (truncated)", tried_to_allocate_bytes=b(3725.29, GiB),
+        (TORCH_2_3_TRUNCATED, dict(torch_format="torch>=2.1 (truncated)",
+                                   tried_to_allocate_bytes=b(3725.29, GiB),
                                    gpu_index=None, total_capacity_bytes=None, allocator="native")),
-        (TORCHRUN_NO_INDEX, dict(gpu_index=None, total_capacity_bytes=b(4.93, GiB), this_process_bytes=b(4.30, GiB))),
+        (TORCHRUN_NO_INDEX, dict(gpu_index=None, total_capacity_bytes=b(4.93, GiB),
+                                 this_process_bytes=b(4.30, GiB))),
         (ASYNC_REPORT, dict(torch_format="cudaMallocAsync", allocator="cudaMallocAsync", gpu_index=0,
                             allocated_by_pytorch_bytes=b(9.43, GiB), tried_to_allocate_bytes=640 * MiB,
-                            total_capacity_bytes=b(11.59, GiB), free_bytes=b(7.12, MiB), memory_cap_bytes=None,
+                            total_capacity_bytes=b(11.59, GiB), free_bytes=b(7.12, MiB),
+                            memory_cap_bytes=None,
                             reserved_by_pytorch_bytes=None)),
         (ASYNC_WITH_LIMIT, dict(gpu_index=1, memory_cap_bytes=b(39.59, GiB), free_bytes=b(38.12, GiB))),
         (RUNTIME, dict(torch_format="CUDA runtime error", allocator=None, tried_to_allocate_bytes=None)),
@@ -220,7 +229,8 @@ def test_each_real_format_parses_exactly(text: str, fields: dict) -> None:
 
 def test_the_unavailable_marker_is_read_as_unknown_not_as_16_eib() -> None:
     assert parse_oom_message(TORCH_MAIN).this_process_bytes is None
-    limitless = ASYNC_WITH_LIMIT.replace("39.59 GiB", "17179869184.00 GiB")  # cudaMallocAsync's UINT64_MAX default
+    # cudaMallocAsync's default limit is UINT64_MAX
+    limitless = ASYNC_WITH_LIMIT.replace("39.59 GiB", "17179869184.00 GiB")
     assert parse_oom_message(limitless).memory_cap_bytes is None
 
 
@@ -234,7 +244,8 @@ def test_the_last_oom_of_a_traceback_log_is_read() -> None:
     log = (
         "\x1b[31mepoch 3\x1b[0m loss=0.42\n"
         + TORCH_1X + "\nrecovered, retrying with batch 16\n"
-        + "Traceback (most recent call last):\n  File \"train.py\", line 12, in <module>\n    loss.backward()\n"
+        + "Traceback (most recent call last):\n"
+        + '  File "train.py", line 12, in <module>\n    loss.backward()\n'
         + TORCH_2_1_WRAPPED.replace("\n", "\n[rank0]: ") + "\n[rank0]: exiting\n"
     )
     message = parse_oom_message(log)
@@ -255,7 +266,8 @@ def test_load_oom_text_returns_the_last_oom_of_a_large_file(tmp_path: Path) -> N
 
 def test_load_oom_text_finds_an_anchor_cut_by_a_chunk_boundary(tmp_path: Path) -> None:
     log = tmp_path / "cut.log"
-    log.write_bytes(b"x" * ((1 << 20) - 10) + CUBLAS.encode())  # "CUBLAS_STATUS..." starts 10 bytes before 1 MiB
+    # "RuntimeError: CUDA error: CUBLAS_STATUS..." crosses the 1 MiB chunk boundary
+    log.write_bytes(b"x" * ((1 << 20) - 10) + CUBLAS.encode())
     assert parse_oom_message(load_oom_text(str(log))).torch_format == "cuBLAS/cuDNN workspace"
 
 
@@ -281,13 +293,13 @@ def test_load_oom_text_names_the_file_it_cannot_use(tmp_path: Path, make: str) -
     [
         ("", "empty"),
         ("  \n\t ", "empty"),
-        ("RuntimeError: CUDA error: an illegal memory access was encountered", "not a CUDA out-of-memory message: "
-         "'RuntimeError: CUDA error: an illegal memory access"),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered",
+         "not a CUDA out-of-memory message: 'RuntimeError: CUDA error: an illegal memory access"),
         # pytorch#51776 (torch 1.7.1): a cuDNN size limit, not memory
         ("RuntimeError: cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
          "non-contiguous input.", "not an out-of-memory error"),
-        ("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.2 GB, max allowed: 18.13 GB).",
-         "format memfit does not read"),
+        ("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.2 GB, max allowed: "
+         "18.13 GB).", "format memfit does not read"),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", "format memfit does not read"),
     ],
 )
@@ -316,7 +328,8 @@ def test_a_small_unallocated_share_is_said_not_to_be_fragmentation() -> None:
     d = diagnose_oom(parse_oom_message(TORCH_2_2))
     assert "fragmentation" not in d.causes and d.causes == ["needs_more_memory"]
     assert any(f.startswith("Fragmentation is not the cause: only 43.59 MiB (<1%)") for f in d.findings)
-    assert any("this process outside PyTorch (CUDA context, NCCL, libraries) 314.81 MiB" in f for f in d.findings)
+    outside = "this process outside PyTorch (CUDA context, NCCL, libraries) 314.81 MiB"
+    assert any(outside in f for f in d.findings)
     assert "31.12 GiB, 131% of the GPU" in d.findings[-2]  # the verdict, then where the memory went
     assert d.findings[-1].startswith("Where the GPU's 23.68 GiB went: live tensors 11.44 GiB")
 
@@ -374,13 +387,14 @@ def test_memory_outside_pytorch_without_per_process_numbers() -> None:
     ("text", "cause", "says"),
     [
         (OVER_1EB, "request_exceeds_gpu", "all_gather_object"),
-        ("CUDA out of memory. Tried to allocate 130206.04 GiB. GPU 0 has a total capacity of 23.56 GiB of which "
-         "16.57 GiB is free.", "request_exceeds_gpu", "larger than the whole GPU"),  # a public client log
+        # a public client log (torch >= 2.2, the rest of the message cut here)
+        ("CUDA out of memory. Tried to allocate 130206.04 GiB. GPU 0 has a total capacity of 23.56 GiB of "
+         "which 16.57 GiB is free.", "request_exceeds_gpu", "larger than the whole GPU"),
         (CUBLAS, "outside_allocator", "CUDA_LAUNCH_BLOCKING=1"),
         (RUNTIME, "outside_allocator", "outside PyTorch's caching allocator"),
     ],
 )
-def test_requests_no_gpu_can_serve_and_failures_outside_the_allocator(text: str, cause: str, says: str) -> None:
+def test_requests_no_gpu_serves_and_failures_outside_the_allocator(text: str, cause: str, says: str) -> None:
     d = diagnose_oom(parse_oom_message(text))
     assert d.causes[0] == cause
     assert any(says in f for f in d.findings)
@@ -391,33 +405,37 @@ def test_a_truncated_message_says_only_what_it_knows() -> None:
     assert d.causes == []
     assert d.findings == [
         "PyTorch asked for 3725.29 GiB.",
-        "The message stops after the request (torch 2.3-2.4 printed GPU 0's index as a NUL character, which cut "
-        "it, pytorch#126766): only the request size is known. Upgrade torch for the full message.",
+        "The message stops after the request (torch 2.3-2.4 printed GPU 0's index as a NUL character, which "
+        "cut it, pytorch#126766): only the request size is known. Upgrade torch for the full message.",
     ]
 
 
 def _estimate(*, fits_in: int, device: int, peak: int) -> Estimate:
     return Estimate(
-        workload="gpt-small", batch_size=8, precision="bf16", gpu="NVIDIA H100 80GB HBM3", peak_allocated_bytes=peak,
+        workload="gpt-small", batch_size=8, precision="bf16", gpu="NVIDIA H100 80GB HBM3",
+        peak_allocated_bytes=peak,
         peak_reserved_bytes=fits_in, fits_in_bytes=fits_in, fits_in_replay_bytes=fits_in, device_bytes=device,
         breakdown={"params": 2 * GiB, "activations": peak - 3 * GiB, "optimizer_state": 1 * GiB,
                    "fragmentation": fits_in - peak},
-        activations_by_module={}, peak_phase="backward", peak_step=1, peak_op="mm", peak_module="blocks.0.mlp",
+        activations_by_module={}, peak_phase="backward", peak_step=1, peak_op="mm",
+        peak_module="blocks.0.mlp",
         largest_tensors=[], timeline=[], param_count=10**9, steps=3,
     )
 
 
 def test_an_estimate_that_does_not_fit_comes_right_after_the_headline() -> None:
-    d = diagnose_oom(parse_oom_message(TORCH_2_2), _estimate(fits_in=30 * GiB, device=31 * GiB, peak=29 * GiB))
+    est = _estimate(fits_in=30 * GiB, device=31 * GiB, peak=29 * GiB)
+    d = diagnose_oom(parse_oom_message(TORCH_2_2), est)
     assert d.causes[0] == "estimate_exceeds_gpu"
-    assert d.findings[1].startswith("This step needs ~30.00 GiB for PyTorch's allocator (31.00 GiB of device memory")
+    assert d.findings[1].startswith("This step needs ~30.00 GiB for PyTorch's allocator (31.00 GiB of device")
     assert "the GPU had 23.36 GiB for PyTorch, 6.64 GiB short" in d.findings[1]  # reserved 11.48 + free 11.88
     assert any("Even empty, this 23.68 GiB GPU is smaller than the 31.00 GiB" in f for f in d.findings)
     assert any("largest part is activations: 26.00 GiB, 90%" in f and "blocks.0.mlp" in f for f in d.findings)
 
 
 def test_an_estimate_that_fits_points_at_the_run() -> None:
-    d = diagnose_oom(parse_oom_message(TORCH_2_1_WRAPPED), _estimate(fits_in=10 * GiB, device=11 * GiB, peak=9 * GiB))
+    est = _estimate(fits_in=10 * GiB, device=11 * GiB, peak=9 * GiB)
+    d = diagnose_oom(parse_oom_message(TORCH_2_1_WRAPPED), est)
     assert "estimate_fits" in d.causes
     fits = next(f for f in d.findings if f.startswith("This step needs"))
     assert "The workload as estimated fits" in fits
@@ -437,7 +455,8 @@ def test_diagnosis_with_a_real_estimate_of_a_builtin_workload() -> None:
 
 
 def test_findings_are_plain_sentences_for_every_format() -> None:
-    for text in (TORCH_1X, TORCH_1_0_CACHED, TORCH_1X_ALLOWED, TORCH_2_1_NVML_NA, TORCHRUN_NO_INDEX, ASYNC_REPORT):
+    for text in (TORCH_1X, TORCH_1_0_CACHED, TORCH_1X_ALLOWED, TORCH_2_1_NVML_NA, TORCHRUN_NO_INDEX,
+                 ASYNC_REPORT, CUBLAS, OVER_1EB, TORCH_2_3_TRUNCATED):
         d = diagnose_oom(parse_oom_message(text))
         assert d.findings, text
         for finding in d.findings:

@@ -1,20 +1,21 @@
 """Read a CUDA out-of-memory message: find it in a log and turn its text into numbers (an ``OomMessage``).
 
-``memfit explain --oom`` chains ``load_oom_text`` (a log file -> its last OOM), ``parse_oom_message`` (text ->
-``OomMessage``) and ``memfit.oom_diagnosis.diagnose_oom`` (numbers -> what they mean). Telling whether an
-*exception* is an OOM is ``memfit.oom``'s job; this module only reads text, so it needs no torch, and a change in
-torch's wording breaks explaining, never recovering.
+``memfit explain --oom`` chains ``load_oom_text`` (a log file -> its last OOM), ``parse_oom_message``
+(text -> ``OomMessage``) and ``memfit.oom_diagnosis.diagnose_oom`` (numbers -> what they mean). Telling
+whether an *exception* is an OOM is ``memfit.oom``'s job; this module only reads text, so it needs no torch,
+and a change in torch's wording breaks explaining, never recovering.
 
-Formats read, each tested with a real message (sources cited at each pattern; docs/explain_oom.md has the table):
+Formats read, each tested with a real message (sources at each pattern; docs/explain_oom.md has the table):
 the caching allocator of torch <= 2.0, 2.1 and >= 2.2 (CUDA and ROCm), ``backend:cudaMallocAsync``, a failed
-CUDA runtime call, and cuBLAS/cuDNN failing to allocate their workspace. Every size comes from ``format_size``
-in c10/cuda/CUDACachingAllocator.cpp: "N bytes" up to 1 KiB, else two decimals of KiB, MiB or GiB, so a parsed
-size is exact only to +-0.005 of its unit (+-5 MiB for GiB).
+CUDA runtime call, and cuBLAS/cuDNN failing to allocate their workspace. Every size comes from
+``format_size`` in c10/cuda/CUDACachingAllocator.cpp: "N bytes" up to 1 KiB, else two decimals of KiB, MiB
+or GiB, so a parsed size is exact only to +-0.005 of its unit (+-5 MiB for GiB).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,31 +28,34 @@ __all__ = ["OomMessage", "load_oom_text", "parse_oom_message"]
 SCHEMA = 1
 _S = r"\d+(?:\.\d+)? ?(?:bytes|KiB|MiB|GiB)"  # one format_size() value: "0 bytes", "512.00 KiB", "1.23 GiB"
 _SIZE_PARTS = re.compile(r"(\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB)", re.IGNORECASE)
-# format_size(UINT64_MAX) = "17179869184.00 GiB": NVML_VALUE_NOT_AVAILABLE for a process's usage (Windows/WDDM)
-# and cudaMallocAsync's "no limit" default (pytorch_memory_limits = UINT64_MAX). It means "not known".
+# format_size(UINT64_MAX) = "17179869184.00 GiB": NVML_VALUE_NOT_AVAILABLE for a process's usage
+# (Windows/WDDM) and cudaMallocAsync's "no limit" default (pytorch_memory_limits = UINT64_MAX): "not known".
 _NOT_AVAILABLE_BYTES = 1 << 63
 
 # Where an OOM message starts. Whitespace is \s+ so the raw text of a wrapped log line matches too.
 _ANCHOR = re.compile(
-    r"\b(?:CUDA|HIP)\s+out\s+of\s+memory\.|\bAllocation\s+on\s+device\s+\d*\s*would\s+exceed\s+allowed\s+memory"
-    r"|\b(?:CUDA|HIP)(?:\s+driver)?\s+error:\s+out\s+of\s+memory|\bCUBLAS_STATUS_ALLOC_FAILED\b"
-    r"|\bCUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)\b",
+    r"\b(?:CUDA|HIP)\s+out\s+of\s+memory\."
+    r"|\bAllocation\s+on\s+device\s+\d*\s*would\s+exceed\s+allowed\s+memory"
+    r"|\b(?:CUDA|HIP)(?:\s+driver)?\s+error:\s+out\s+of\s+memory"
+    r"|\bCUBLAS_STATUS_ALLOC_FAILED\b|\bCUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)\b",
     re.IGNORECASE,
 )
 _ANCHOR_BYTES = re.compile(_ANCHOR.pattern.encode(), re.IGNORECASE)
 
-# Caching allocator, torch 1.0-2.0: CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc (PR #13751, 2018:
-# "... cached)"; renamed "reserved in total by PyTorch" later; "N allowed; " with set_per_process_memory_fraction,
-# PR #48172; the max_split_size_mb sentence in 1.x-2.0).
+# Caching allocator, torch 1.0-2.0: CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc (PR #13751,
+# 2018: "... cached)", later "reserved in total by PyTorch"; "N allowed; " since
+# set_per_process_memory_fraction, PR #48172; the max_split_size_mb sentence in 1.x-2.0).
 _PAREN = re.compile(
-    rf"(?P<device>CUDA|HIP) out of memory\. Tried to allocate (?P<req>{_S}) \(GPU (?P<gpu>\d+); (?P<total>{_S}) "
-    rf"total capacity(?:; (?P<alloc>{_S}) already allocated; (?P<free>{_S}) free;(?: (?P<allowed>{_S}) allowed;)? "
-    rf"(?:(?P<reserved>{_S}) reserved in total by PyTorch|(?P<cached>{_S}) cached))?",
+    rf"(?P<device>CUDA|HIP) out of memory\. Tried to allocate (?P<req>{_S}) \(GPU (?P<gpu>\d+); "
+    rf"(?P<total>{_S}) total capacity(?:; (?P<alloc>{_S}) already allocated; (?P<free>{_S}) free;(?: "
+    rf"(?P<allowed>{_S}) allowed;)? (?:(?P<reserved>{_S}) reserved in total by PyTorch|(?P<cached>{_S}) "
+    rf"cached))?",
     re.IGNORECASE,
 )
-# Caching allocator, torch >= 2.1: CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc + reportProcessMemoryInfo
-# (PR #99699, torch 2.1: NVML per-process usage, "total capacty" typo, max_split_size_mb hint; PR #113481, torch
-# 2.2: "capacity" and the expandable_segments hint; private pools and the docs.pytorch.org link: main @ eb42ad6).
+# Caching allocator, torch >= 2.1: CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc and
+# reportProcessMemoryInfo (PR #99699, torch 2.1: NVML per-process usage, "total capacty" typo,
+# max_split_size_mb hint; PR #113481, torch 2.2: "capacity", expandable_segments hint; private pools and the
+# docs.pytorch.org link: main @ eb42ad6).
 # Every part after the request is optional: torch 2.3-2.4 printed GPU 0's index as a NUL char, which cut the
 # message right after "GPU" (pytorch#126766, fixed by PR #128540).
 _NATIVE = re.compile(
@@ -60,14 +64,17 @@ _NATIVE = re.compile(
     rf"(?P<free>{_S}) is free\.)?"
     rf"(?P<procs>(?: (?:Process \d+|Including non-PyTorch memory, this process) has {_S} memory in use\.)*)"
     rf"(?: (?P<allowed>{_S}) allowed;)?"
-    rf"(?: Of the allocated memory (?P<alloc>{_S}) is allocated by PyTorch,(?: with (?P<private>{_S}) allocated in "
-    rf"private pools \(e\.g\., \w+ Graphs\),)? and (?P<unalloc>{_S}) is reserved by PyTorch but unallocated\.)?"
+    rf"(?: Of the allocated memory (?P<alloc>{_S}) is allocated by PyTorch,"
+    rf"(?: with (?P<private>{_S}) allocated in private pools \(e\.g\., \w+ Graphs\),)?"
+    rf" and (?P<unalloc>{_S}) is reserved by PyTorch but unallocated\.)?"
     r"(?: If reserved but unallocated memory is large try setting (?:(?P<tip_es>\w+=expandable_segments:True)"
     r"|(?P<tip_ms>max_split_size_mb)))?",
     re.IGNORECASE,
 )
-_PROCESS = re.compile(rf"(?:Process (?P<pid>\d+)|this process) has (?P<size>{_S}) memory in use", re.IGNORECASE)
-# Both allocators' allocate() (CUDACachingAllocator.cpp, CUDAMallocAsyncAllocator.cpp) reject >= 2^60 bytes up front.
+_PROCESS = re.compile(
+    rf"(?:Process (?P<pid>\d+)|this process) has (?P<size>{_S}) memory in use", re.IGNORECASE
+)
+# Both allocators' allocate() (CUDACachingAllocator.cpp, CUDAMallocAsyncAllocator.cpp) refuse >= 2^60 bytes.
 _OVER_1EB = re.compile(r"CUDA out of memory\. Tried to allocate more than 1EB memory", re.IGNORECASE)
 # backend:cudaMallocAsync, torch >= 1.13: CUDAMallocAsyncAllocator.cpp, mallocAsync (same text at 0345947 and
 # c3342c1); one value per line, joined here by _flatten.
@@ -78,7 +85,7 @@ _ASYNC = re.compile(
     rf"(?: PyTorch limit \(set by user-supplied memory fraction\) ?: (?P<allowed>{_S}))?",
     re.IGNORECASE,
 )
-# C10_CUDA_CHECK outside the caching allocator: c10/cuda/CUDAException.cpp, "CUDA error: " + cudaGetErrorString.
+# C10_CUDA_CHECK outside the caching allocator: c10/cuda/CUDAException.cpp, "CUDA error: " + error string.
 _RUNTIME = re.compile(r"(?P<device>CUDA|HIP)(?: driver)? error: out of memory", re.IGNORECASE)
 # aten/src/ATen/cuda/Exceptions.h (TORCH_CUDABLAS_CHECK, "... when calling `cublasCreate(handle)`") and
 # aten/src/ATen/cudnn/Exceptions.h (AT_CUDNN_CHECK).
@@ -144,13 +151,14 @@ def load_oom_text(arg: str) -> str:
     path = _existing_file(arg)
     if path is None:
         if "\n" not in arg and arg.strip().lower().endswith(_LOG_SUFFIXES):
-            raise UsageError(f"no such log file: {arg}. Check the path, or paste the OOM message itself in quotes.")
+            raise UsageError(f"no such log file: {arg}. Check the path, or paste the OOM message in quotes.")
         return arg
     offset = _last_anchor_offset(path)
     if offset is None:
         raise UsageError(
-            f"{arg} holds no CUDA out-of-memory message (looked for 'CUDA out of memory', 'would exceed allowed "
-            "memory', 'CUDA error: out of memory', 'CUBLAS_STATUS_ALLOC_FAILED'). Give the log of the failed run."
+            f"{arg} holds no CUDA out-of-memory message (looked for 'CUDA out of memory', 'would exceed "
+            "allowed memory', 'CUDA error: out of memory', 'CUBLAS_STATUS_ALLOC_FAILED'). Give the log of "
+            "the failed run."
         )
     with path.open("rb") as f:
         f.seek(offset)
@@ -175,8 +183,8 @@ def parse_oom_message(text: str) -> OomMessage:
         UsageError: ``text`` is empty, holds no OOM, or holds an OOM in a format memfit does not know.
 
     Example:
-        >>> m = parse_oom_message("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 "
-        ...     "has a total capacity of 8.00 GiB of which 0 bytes is free.")
+        >>> m = parse_oom_message("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. "
+        ...     "GPU 0 has a total capacity of 8.00 GiB of which 0 bytes is free.")
         >>> m.tried_to_allocate_bytes, m.free_bytes, m.torch_format
         (20971520, 0, 'torch>=2.2')
     """
@@ -193,18 +201,19 @@ def parse_oom_message(text: str) -> OomMessage:
             # goes away at a smaller batch, which is why Composer and torch-max-mem treat it as an OOM, but
             # nothing in it is a memory number, so memfit cannot explain it.
             raise UsageError(
-                "CUDNN_STATUS_NOT_SUPPORTED is not an out-of-memory error: cuDNN rejects inputs past its size or "
-                "layout limits (e.g. a very large batch in BatchNorm, pytorch#19911). Try .contiguous() inputs, a "
-                "smaller batch, or torch.backends.cudnn.enabled = False for that op."
+                "CUDNN_STATUS_NOT_SUPPORTED is not an out-of-memory error: cuDNN rejects inputs past its "
+                "size or layout limits (e.g. a very large batch in BatchNorm, pytorch#19911). Try "
+                ".contiguous() inputs, a smaller batch, or torch.backends.cudnn.enabled = False for that op."
             )
         if re.search(r"out of memory|OutOfMemoryError", flat, re.IGNORECASE):
             raise UsageError(
-                f"this out-of-memory message is in a format memfit does not read: {flat[:80]!r}. It reads the "
-                "CUDA/ROCm caching allocator, cudaMallocAsync, CUDA runtime and cuBLAS/cuDNN messages."
+                f"this out-of-memory message is in a format memfit does not read: {flat[:80]!r}. It reads "
+                "the CUDA/ROCm caching allocator, cudaMallocAsync, CUDA runtime and cuBLAS/cuDNN messages."
             )
         raise UsageError(
             f"this is not a CUDA out-of-memory message: {flat[:80]!r}. Paste the line starting "
-            "'torch.OutOfMemoryError: CUDA out of memory' (or 'RuntimeError: CUDA out of memory'), or the log file."
+            "'torch.OutOfMemoryError: CUDA out of memory' (or 'RuntimeError: CUDA out of memory'), or give "
+            "the log file."
         )
     start = anchors[-1].start()  # the last OOM: an earlier one in a log was recovered from, or repeated
     for pattern, build in _READERS:
@@ -240,9 +249,11 @@ def _read_paren(m: re.Match[str]) -> OomMessage:
     unalloc = max(0, reserved - alloc) if reserved is not None and alloc is not None else None
     return OomMessage(
         torch_format="torch<=2.0" + (" (ROCm)" if m["device"].upper() == "HIP" else ""), raw=m[0],
-        tried_to_allocate_bytes=_bytes(m["req"]), gpu_index=int(m["gpu"]), total_capacity_bytes=_bytes(m["total"]),
-        free_bytes=_bytes(m["free"]), allocated_by_pytorch_bytes=alloc, reserved_by_pytorch_bytes=reserved,
-        reserved_unallocated_bytes=unalloc, memory_cap_bytes=_bytes(m["allowed"]), allocator="native",
+        tried_to_allocate_bytes=_bytes(m["req"]), gpu_index=int(m["gpu"]),
+        total_capacity_bytes=_bytes(m["total"]), free_bytes=_bytes(m["free"]),
+        allocated_by_pytorch_bytes=alloc, reserved_by_pytorch_bytes=reserved,
+        reserved_unallocated_bytes=unalloc,
+        memory_cap_bytes=_bytes(m["allowed"]), allocator="native",
     )
 
 
@@ -261,8 +272,9 @@ def _read_native(m: re.Match[str]) -> OomMessage:
     return OomMessage(
         torch_format=label + (" (ROCm)" if m["device"].upper() == "HIP" else ""), raw=m[0],
         tried_to_allocate_bytes=_bytes(m["req"]), gpu_index=int(m["gpu"]) if m["gpu"] else None,
-        total_capacity_bytes=_bytes(m["total"]), free_bytes=_bytes(m["free"]), allocated_by_pytorch_bytes=alloc,
-        # reserved = (allocated + private) + (reserved - allocated - private), the two terms the message prints
+        total_capacity_bytes=_bytes(m["total"]), free_bytes=_bytes(m["free"]),
+        allocated_by_pytorch_bytes=alloc,
+        # reserved = (allocated + private) + (reserved - allocated - private): the two printed terms
         reserved_by_pytorch_bytes=alloc + unalloc if alloc is not None and unalloc is not None else None,
         reserved_unallocated_bytes=unalloc, private_pools_bytes=_bytes(m["private"]), this_process_bytes=this,
         other_processes=tuple(others), memory_cap_bytes=_bytes(m["allowed"]), allocator="native",
@@ -275,11 +287,12 @@ def _read_async(m: re.Match[str]) -> OomMessage:
         torch_format="cudaMallocAsync", raw=m[0], tried_to_allocate_bytes=_bytes(m["req"]),
         gpu_index=int(m["gpu"]) if m["gpu"] else None, total_capacity_bytes=_bytes(m["total"]),
         free_bytes=_bytes(m["free"]), allocated_by_pytorch_bytes=_bytes(m["alloc"]),
-        memory_cap_bytes=_bytes(m["allowed"]), allocator="cudaMallocAsync",  # UINT64_MAX (no cap) reads as None
+        # an unset cap prints as UINT64_MAX, which _bytes reads as None
+        memory_cap_bytes=_bytes(m["allowed"]), allocator="cudaMallocAsync",
     )
 
 
-_READERS: tuple[tuple[re.Pattern[str], Any], ...] = (
+_READERS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], OomMessage]], ...] = (
     (_OVER_1EB, lambda m: OomMessage(torch_format="request over 1 EB", raw=m[0])),
     (_PAREN, _read_paren),
     (_NATIVE, _read_native),
