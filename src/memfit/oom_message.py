@@ -144,9 +144,15 @@ class OomMessage:
 
 
 def load_oom_text(arg: str) -> str:
-    """Return the last OOM message of the log file ``arg`` names, or ``arg`` itself when it names no file.
+    """The text of the last OOM in the log file ``arg`` names, or ``arg`` itself when it names no file.
 
-    The file is scanned in 1 MiB chunks, so a log of any size works; undecodable bytes are replaced.
+    The file is scanned in 1 MiB chunks, so a log of any size works; undecodable bytes are replaced. What comes
+    back starts at the last OOM and runs on for at most 16 KiB (a message spans lines in some formats);
+    ``parse_oom_message`` reads the message out of it, and ``OomMessage.raw`` is the message alone.
+
+    Raises:
+        UsageError: ``arg`` looks like a log path (.log/.txt) that does not exist, is a directory, or names
+            a file that holds no CUDA out-of-memory message.
     """
     path = _existing_file(arg)
     if path is None:
