@@ -454,6 +454,14 @@ def test_diagnosis_with_a_real_estimate_of_a_builtin_workload() -> None:
     assert json.loads(json.dumps(d.to_dict()))["schema"] == 1
 
 
+def test_the_cli_and_explain_import_everything_from_oom_message() -> None:
+    import memfit.oom_message as om
+
+    assert om.diagnose_oom is diagnose_oom and {"diagnose_oom", "load_oom_text", "parse_oom_message"} <= set(
+        om.__all__
+    )
+
+
 def test_findings_are_plain_sentences_for_every_format() -> None:
     for text in (TORCH_1X, TORCH_1_0_CACHED, TORCH_1X_ALLOWED, TORCH_2_1_NVML_NA, TORCHRUN_NO_INDEX,
                  ASYNC_REPORT, CUBLAS, OVER_1EB, TORCH_2_3_TRUNCATED):

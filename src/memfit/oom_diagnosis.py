@@ -1,10 +1,11 @@
 """Say what a CUDA out-of-memory message means: which memory was short, why, and what to do about it.
 
-``diagnose_oom`` reads the numbers of an ``OomMessage`` (``memfit.oom_message``) and, when given, a workload's
-``Estimate``. Each finding states only what the numbers show, with the arithmetic behind it, most important
-first: a request larger than the GPU, a per-process cap, memory other processes hold, fragmentation (reserved
-but unallocated), memory outside PyTorch's allocator, else "the step needs more memory than the GPU gives it";
-then where the GPU's memory went. docs/explain_oom.md explains each finding and its sources.
+``diagnose_oom`` reads the numbers of an ``OomMessage`` (``memfit.oom_message``, which re-exports it) and,
+when given, a workload's ``Estimate``. Each finding states only what the numbers show, with the arithmetic
+behind it, most important first: a request larger than the GPU, a per-process cap, memory other processes
+hold, fragmentation (reserved but unallocated), memory outside PyTorch's allocator, else "the step needs more
+memory than the GPU gives it"; then where the GPU's memory went. docs/explain_oom.md explains each finding
+and its sources.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memfit.oom_message import SCHEMA, OomMessage
 from memfit.units import format_bytes
 
-if TYPE_CHECKING:  # estimate imports torch; a message is explained without it
+# Types only: estimate imports torch (a message is explained without it), and memfit.oom_message re-exports
+# diagnose_oom, so importing it here while loading would be circular.
+if TYPE_CHECKING:
     from memfit.estimate import Estimate
+    from memfit.oom_message import OomMessage
 
 __all__ = ["OomDiagnosis", "diagnose_oom"]
 
@@ -50,7 +53,8 @@ class OomDiagnosis:
     "estimate_exceeds_gpu" or "estimate_fits"."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "message": self.message.to_dict(), "findings": list(self.findings),
+        message = self.message.to_dict()  # carries the schema version the two results share
+        return {"schema": message["schema"], "message": message, "findings": list(self.findings),
                 "causes": list(self.causes)}
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import UsageError
+from memfit.oom_diagnosis import OomDiagnosis, diagnose_oom  # one import for the CLI and explain()
 from memfit.units import parse_bytes
 
-__all__ = ["OomMessage", "load_oom_text", "parse_oom_message"]
+__all__ = ["OomDiagnosis", "OomMessage", "diagnose_oom", "load_oom_text", "parse_oom_message"]
 
 SCHEMA = 1
 _S = r"\d+(?:\.\d+)? ?(?:bytes|KiB|MiB|GiB)"  # one format_size() value: "0 bytes", "512.00 KiB", "1.23 GiB"
@@ -146,8 +147,8 @@ class OomMessage:
 def load_oom_text(arg: str) -> str:
     """The text of the last OOM in the log file ``arg`` names, or ``arg`` itself when it names no file.
 
-    The file is scanned in 1 MiB chunks, so a log of any size works; undecodable bytes are replaced. What comes
-    back starts at the last OOM and runs on for at most 16 KiB (a message spans lines in some formats);
+    The file is scanned in 1 MiB chunks, so a log of any size works; undecodable bytes are replaced. What
+    comes back starts at the last OOM and runs on for at most 16 KiB (a message spans lines in some formats);
     ``parse_oom_message`` reads the message out of it, and ``OomMessage.raw`` is the message alone.
 
     Raises:
