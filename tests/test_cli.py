@@ -83,3 +83,47 @@ def test_measure_without_gpu_says_so():
 def test_list_builtins():
     out = run("list")
     assert out.returncode == 0 and "resnet50" in out.stdout and "unet3d" in out.stdout
+
+
+OOM_2_2 = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "23.64 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 22.57 GiB memory in use. "
+    "Of the allocated memory 17.45 GiB is allocated by PyTorch, and 4.66 GiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+)
+
+
+def test_explain_json_has_diagnosis_and_fixes_tied_to_the_estimate():
+    out = run("explain", "mlp", "--batch-size", "8", "--budget", "1GiB", "--json", "--oom", OOM_2_2)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["schema"] == 1 and data["fits_budget"] is False
+    assert data["estimate"]["peak_phase"] == "optimizer" and "first iteration" in data["peak_when"]
+    assert {f["knob"] for f in data["fixes"]} >= {"optimizer"}
+    assert any("fragmentation" in line for line in data["oom"]["findings"])
+
+
+def test_explain_oom_only_from_a_log_file(tmp_path):  # noqa: ANN001
+    log = tmp_path / "train.log"
+    log.write_text("epoch 3\nTraceback (most recent call last):\n  ...\n" + OOM_2_2 + "\n")
+    out = run("explain", "--oom", str(log))
+    assert out.returncode == 0, out.stderr
+    assert "fragmentation" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("explain",), "give a workload"),
+        (("explain", "--oom", ""), "empty"),
+        (("explain", "--oom", "RuntimeError: shape mismatch"), "not a CUDA out-of-memory message"),
+        (("explain", "--oom", "missing.log"), "missing.log"),
+        (("explain", "mlp", "--budget", "12 GB?"), "cannot read the size"),
+    ],
+)
+def test_explain_bad_input_is_one_line_and_exit_2(args, message):  # noqa: ANN001
+    out = run(*args)
+    assert out.returncode == 2, out.stdout
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -155,6 +155,8 @@ def load_oom_text(arg: str) -> str:
         UsageError: ``arg`` looks like a log path (.log/.txt) that does not exist, is a directory, or names
             a file that holds no CUDA out-of-memory message.
     """
+    if not arg.strip():
+        return arg  # parse_oom_message says it is empty
     path = _existing_file(arg)
     if path is None:
         if "\n" not in arg and arg.strip().lower().endswith(_LOG_SUFFIXES):

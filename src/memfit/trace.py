@@ -10,6 +10,7 @@ few hundred MB of host memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -303,7 +304,7 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
             try:
                 run_steps(
                     workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
-                    phase=lambda name, step: _on_phase(recorder, optimizer, name, step),
+                    phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
                     # micro-batch 2 runs with the grads alive, and every later one repeats it exactly
                     micro_batches=min(workload.accumulation_steps, 2),
                 )
