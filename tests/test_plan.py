@@ -1,0 +1,114 @@
+"""The planner on CPU: real estimates, a mocked speed model ("mock the hardware, not the math")."""
+
+import pytest
+import torch
+
+from memfit import BudgetTooSmallError, estimate
+from memfit.models import UNet
+from memfit.plan import Plan, _Search, patch_ladder, plan, plan_patch
+from memfit.workload import Workload
+
+EFFECTIVE = 8
+
+
+def unet(**changes) -> Workload:  # noqa: ANN003
+    w = Workload(
+        name="plan-unet",
+        model=lambda: UNet(dims=2, in_channels=3, classes=2, features=(8, 16, 32), norm="batch",
+                           deep_supervision=False),
+        batch=lambda n, patch: (torch.randn(n, 3, *patch), torch.randint(0, 2, (n, *patch))),
+        loss=lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
+        batch_size=EFFECTIVE,
+        patch_size=(192, 192),
+        patch_multiple=(4, 4),
+    )
+    return w.replace(**changes) if changes else w
+
+
+def fake_step_time(self, config):  # noqa: ANN001
+    """Per micro-batch: a fixed launch cost plus per-sample work; checkpointing recomputes a third more."""
+    per_micro = 0.020 + 0.004 * config.micro_batch * (1.33 if config.checkpoint else 1.0)
+    return config.accumulation_steps * per_micro + 0.003
+
+
+@pytest.fixture(autouse=True)
+def mocked_speed(monkeypatch):  # noqa: ANN001
+    monkeypatch.setattr(_Search, "step_time", fake_step_time)
+
+
+@pytest.fixture(scope="module")
+def needs():
+    """Device bytes of the biggest and the smallest configurations."""
+    biggest = estimate(unet()).device_bytes
+    smallest = estimate(unet(batch_size=1, accumulation_steps=EFFECTIVE)).device_bytes
+    return smallest, biggest
+
+
+def test_slack_budget_takes_the_whole_batch_without_checkpointing(needs):
+    p = plan(unet(), budget_bytes=2 * needs[1])
+    c = p.chosen.config
+    assert (c.micro_batch, c.accumulation_steps, c.checkpoint) == (EFFECTIVE, 1, ())
+    assert p.chosen.verified and p.chosen.fits
+
+
+def test_binding_budget_fits_keeps_the_effective_batch_and_is_the_fastest_that_fits(needs):
+    smallest, biggest = needs
+    budget = (smallest + biggest) // 2
+    p = plan(unet(), budget_bytes=budget)
+    c = p.chosen.config
+    assert c.effective_batch == EFFECTIVE and c.micro_batch < EFFECTIVE or c.checkpoint
+    again = estimate(unet(**c.changes()))
+    assert again.device_bytes == p.chosen.device_bytes <= budget * (1 - p.margin)
+    assert all(f.config.effective_batch == EFFECTIVE for f in p.frontier)
+    # nothing verified to fit is faster than the choice
+    faster = [f for f in p.frontier if f.verified and f.fits and f.step_time_s < p.chosen.step_time_s]
+    assert not faster
+
+
+def test_impossible_budget_raises_with_the_numbers(needs):
+    with pytest.raises(BudgetTooSmallError, match="smallest configuration found needs"):
+        plan(unet(), budget_bytes=needs[0] // 4)
+
+
+def test_plan_json_round_trips(tmp_path, needs):  # noqa: ANN001
+    p = plan(unet(), budget_bytes=2 * needs[1])
+    path = p.save(tmp_path / "plan.json")
+    assert Plan.load(path) == p
+    with pytest.raises(Exception, match="directory"):
+        p.save(tmp_path)
+
+
+def test_apply_configures_the_guarded_step(needs):
+    smallest, biggest = needs
+    p = plan(unet(), budget_bytes=(smallest + biggest) // 2)
+    model = unet().model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = p.apply(model, opt, lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]))
+    cfg = p.chosen.config
+    assert step.config.micro_batch_size == cfg.micro_batch
+    for name in cfg.checkpoint:
+        assert getattr(model.get_submodule(name), "_memfit_checkpointed", False)
+    metrics = step((torch.randn(EFFECTIVE, 3, 32, 32), torch.randint(0, 2, (EFFECTIVE, 32, 32))))
+    assert metrics.samples == EFFECTIVE
+
+
+def test_patch_ladder_keeps_aspect_and_divisibility():
+    ladder = patch_ladder((160, 192, 64), (32, 32, 16))
+    assert ladder[0] == (160, 192, 64)
+    assert all(p % m == 0 for patch in ladder for p, m in zip(patch, (32, 32, 16), strict=True))
+    assert all(a != b for a, b in zip(ladder, ladder[1:], strict=False))
+    assert ladder[-1] == (32, 32, 16)
+
+
+def test_patch_search_picks_the_largest_patch_that_fits():
+    w = unet(batch_size=2, patch_size=(768, 512))
+    big = estimate(w)
+    budget = big.device_bytes - big.fits_in_bytes + int(big.fits_in_bytes * 0.6)  # 60 % of the allocator's need
+    p = plan_patch(w, budget_bytes=budget)
+    chosen = p.chosen.config.patch_size
+    assert chosen is not None and chosen != (768, 512) and p.chosen.config.micro_batch == 2
+    assert abs(chosen[0] / chosen[1] - 768 / 512) < 0.1  # the aspect ratio is kept
+    ladder = patch_ladder((768, 512), (4, 4))
+    bigger = ladder[ladder.index(chosen) - 1]
+    assert estimate(w.replace(patch_size=bigger)).device_bytes > budget * (1 - p.margin)
