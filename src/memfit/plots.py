@@ -139,6 +139,12 @@ def _title(fig: Figure, text: str, subtitle: str = "") -> None:
                  transform=fig.transSubfigure)
 
 
+def _is_are(category: str) -> str:
+    """``"activations are"``, ``"optimizer state is"``: the category's label with its verb."""
+    label = CATEGORY_LABELS.get(category, category)
+    return f"{label} {'is' if category in ('optimizer_state', 'data', 'fragmentation') else 'are'}"
+
+
 def _share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole > 0 else "–"
 
@@ -267,7 +273,7 @@ def _timeline_title(est: Estimate) -> str:
         return f"Memory peaks at {format_bytes(est.peak_allocated_bytes)} in {when}"
     top = max(at_peak, key=at_peak.__getitem__)
     return (f"Memory peaks at {format_bytes(est.peak_allocated_bytes)} in {when}: "
-            f"{CATEGORY_LABELS.get(top, top)} are {_share(at_peak[top], total)} of it")
+            f"{_is_are(top)} {_share(at_peak[top], total)} of it")
 
 
 def _phase_words(phase: str) -> str:
@@ -411,7 +417,7 @@ def breakdown_figure(explanation: Explanation | Estimate) -> Figure:
                   color=_MUTED, loc="left")
     if parts:
         c, b, _ = parts[0]
-        _title(fig, f"{CATEGORY_LABELS.get(c, c).capitalize()} are {_share(b, whole)} of the "
+        _title(fig, f"{_is_are(c).capitalize()} {_share(b, whole)} of the "
                     f"{format_bytes(whole)} this step needs at its peak")
     else:
         _title(fig, "Nothing is allocated at the peak")
@@ -531,6 +537,10 @@ def _fixes_title(expl: Explanation, fixes: list[Fix]) -> str:
         if est.device_bytes <= budget:
             return f"It already fits the {format_bytes(budget)} budget; {len(fitting)} of {len(fixes)} fixes keep it"
         best = _cheapest_fitting(fixes, budget)
+        if best is not None and best.time_factor is None:
+            # no step-time model says which is cheapest: name the ones that fit
+            names = ", ".join(f.name for f in fitting[:2]) + (f" and {len(fitting) - 2} more" if len(fitting) > 2 else "")
+            return f"{len(fitting)} of {len(fixes)} fixes fit the {format_bytes(budget)} budget: {names}"
         if best is None:
             low = min(fixes, key=lambda f: f.device_bytes)
             return (f"No fix fits the {format_bytes(budget)} budget; the best, {low.name}, needs "
@@ -538,5 +548,5 @@ def _fixes_title(expl: Explanation, fixes: list[Fix]) -> str:
         return (f"{len(fitting)} of {len(fixes)} fixes fit the {format_bytes(budget)} budget; cheapest: "
                 f"{best.name} ({_time_words(best.time_factor)})")
     best = max(fixes, key=lambda f: f.saving_bytes)
-    return (f"{best.name} saves the most: {format_bytes(est.device_bytes)} → {format_bytes(best.device_bytes)} "
+    return (f"Largest saving: {best.name}, {format_bytes(est.device_bytes)} → {format_bytes(best.device_bytes)} "
             f"({_time_words(best.time_factor)})")
