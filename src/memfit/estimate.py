@@ -44,10 +44,14 @@ class TensorAtPeak:
 
 @dataclass(frozen=True)
 class TimelinePoint:
+    """Allocated bytes just after one allocator event (the largest in its stretch of the downsampled timeline)."""
+
     event: int
     allocated_bytes: int
     phase: str
     step: int
+    by_category: dict[str, int] = field(default_factory=dict)
+    """``allocated_bytes`` split by category (every name in ``memfit.trace.CATEGORIES``); the values sum to it."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,11 @@ class Estimate:
     peak_module: str
     largest_tensors: list[TensorAtPeak]
     timeline: list[TimelinePoint]
+    # keyword-only so it can sit beside the timeline it indexes without reordering the fields after it
+    phases: list[tuple[int, str, int]] = field(default_factory=list, kw_only=True)
+    """Where each phase begins: (event index, phase, step), phases as the protocol names them (``data``,
+    ``zero_grad``, ``forward``, ``loss``, ``backward``, ``optimizer``, ``end``); the indices match
+    ``TimelinePoint.event``."""
     param_count: int
     steps: int
     warnings: list[str] = field(default_factory=list)
@@ -155,6 +164,7 @@ def estimate(
         peak_module=analysis["peak_module"],
         largest_tensors=analysis["largest"],
         timeline=analysis["timeline"],
+        phases=[(int(at), str(name), int(step)) for at, name, step in trace.phase_marks],
         param_count=trace.param_count,
         steps=steps,
         warnings=list(trace.warnings),
@@ -201,7 +211,7 @@ def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorCo
         "peak_op": peak_alloc.op,
         "peak_module": peak_alloc.module,
         "activations_by_module": _activations_at_end_of_forward(trace, events, sizes),
-        "timeline": _timeline(trace, allocated_after),
+        "timeline": _timeline(trace, events, sizes, allocated_after),
     }
 
 
@@ -227,20 +237,36 @@ def _activations_at_end_of_forward(trace: Any, events: list[tuple[int, int, int]
     return dict(sorted(by_module.items(), key=lambda kv: -kv[1]))
 
 
-def _timeline(trace: Any, allocated_after: list[int]) -> list[TimelinePoint]:
-    """Downsample to at most _TIMELINE_POINTS, keeping each bucket's maximum so the peak survives."""
+def _timeline(
+    trace: Any, events: list[tuple[int, int, int]], sizes: dict[int, int], allocated_after: list[int]
+) -> list[TimelinePoint]:
+    """Downsample to at most _TIMELINE_POINTS, keeping each bucket's maximum so the peak survives.
+
+    A second pass over the events keeps a running sum of block bytes per category and snapshots it at the kept
+    points: block sizes (not requests) so the parts add up to ``allocated_bytes`` exactly.
+    """
+    from memfit.trace import CATEGORIES
+
     n = len(allocated_after)
     bucket = max(1, -(-n // _TIMELINE_POINTS))
+    kept = []
+    for start in range(0, n, bucket):
+        chunk = allocated_after[start : start + bucket]
+        kept.append(start + max(range(len(chunk)), key=chunk.__getitem__))
+    allocs = trace.allocs
+    running = dict.fromkeys(CATEGORIES, 0)
     points = []
     marks = trace.phase_marks
     m = 0
     phase, step = "init", 0
-    for start in range(0, n, bucket):
-        chunk = allocated_after[start : start + bucket]
-        j = max(range(len(chunk)), key=chunk.__getitem__)
-        index = start + j
+    i = 0
+    for index in kept:
+        for op, key, _ in events[i : index + 1]:
+            cat = allocs[key].category
+            running[cat] = running.get(cat, 0) + (sizes[key] if op > 0 else -sizes[key])
+        i = index + 1
         while m < len(marks) and marks[m][0] <= index:
             _, phase, step = marks[m]
             m += 1
-        points.append(TimelinePoint(index, chunk[j], phase, step))
+        points.append(TimelinePoint(index, allocated_after[index], phase, step, dict(running)))
     return points
