@@ -110,7 +110,8 @@ class Plan:
     effective_batch: int
     chosen: Candidate
     frontier: list[Candidate]
-    """Pareto-optimal candidates: none is both smaller and faster than another. Sorted by memory."""
+    """Pareto-optimal candidates: none is both smaller and faster than another, by memory. For a patch plan:
+    the patches estimated, largest first."""
     considered: int
     """Configurations scored."""
     estimates: int
@@ -279,8 +280,8 @@ class _Search:
         )
 
 
-def _structure(c: Config) -> _Structure:
-    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last)
+def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
+    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last), c.patch_size
 
 
 @dataclass
@@ -563,31 +564,41 @@ def plan_patch(
     def voxels(patch: tuple[int, ...]) -> int:
         return math.prod(patch)
 
-    big = search.estimate(at(ladder[0]))
-    quarter = min(ladder, key=lambda p: abs(voxels(p) - voxels(ladder[0]) / 4))
-    small = search.estimate(at(quarter))
-    slope = (big.device_bytes - small.device_bytes) / max(voxels(ladder[0]) - voxels(quarter), 1)
+    # memory falls along the ladder: interpolation search between the largest patch known not to fit and the
+    # smallest known to fit, on the line through them in voxels
+    need: dict[int, int] = {}
 
-    def predicted(patch: tuple[int, ...]) -> int:
-        return int(small.device_bytes + slope * (voxels(patch) - voxels(quarter)))
+    def evaluate(i: int) -> bool:
+        need[i] = search.estimate(at(ladder[i])).device_bytes
+        return need[i] <= limit
 
     chosen: Candidate | None = None
-    order = [p for p in ladder if predicted(p) <= limit * (1 + _NEAR_MISS)]
-    for checked, patch in enumerate(order):
-        if checked >= _MAX_VERIFY:
-            break
-        v = _verified(search, at(patch))
-        if v.fits:
-            chosen = v
-            break
-    scored = [
-        _verified(search, c) if c in search.estimates else Candidate(
-            config=c, device_bytes=predicted(c.patch_size or ()), fits_in_bytes=predicted(c.patch_size or ())
-            - spec.cuda_context_bytes, step_time_s=search.step_time(c), samples_per_s=None, verified=False,
-            fits=predicted(c.patch_size or ()) <= limit,
-        )
-        for c in (at(p) for p in ladder)
-    ]
+    if evaluate(0):
+        chosen = _verified(search, at(ladder[0]))
+    else:
+        quarter = min(range(len(ladder)), key=lambda i: abs(voxels(ladder[i]) - voxels(ladder[0]) / 4))
+        evaluate(quarter)
+        for _ in range(_MAX_VERIFY):
+            fits = [i for i in need if need[i] <= limit]
+            fit = min(fits) if fits else None
+            miss = max(i for i in need if need[i] > limit and (fit is None or i < fit))
+            if fit is not None and fit - miss == 1:
+                break
+            a, b = (miss, fit) if fit is not None else sorted(need)[-2:]
+            per_voxel = (need[a] - need[b]) / max(voxels(ladder[a]) - voxels(ladder[b]), 1)
+            target = voxels(ladder[b]) + (limit - need[b]) / per_voxel if per_voxel > 0 else 0
+            upper = fit if fit is not None else len(ladder)
+            inside = [i for i in range(miss + 1, upper) if voxels(ladder[i]) <= target]
+            if not inside:
+                inside = [min(miss + 1, len(ladder) - 1)] if fit is None else [fit - 1]
+            nxt = inside[0]
+            if nxt in need:
+                break
+            evaluate(nxt)
+        fits = [i for i in need if need[i] <= limit]
+        if fits:
+            chosen = _verified(search, at(ladder[min(fits)]))
+    scored = [_verified(search, at(ladder[i])) for i in sorted(need)]
     if chosen is None:
         smallest = min(search.estimates.values(), key=lambda e: e.device_bytes)
         raise BudgetTooSmallError(
@@ -596,7 +607,7 @@ def plan_patch(
         )
     return Plan(
         workload=workload.name, gpu=spec.name, budget_bytes=budget_bytes, margin=margin, effective_batch=batch,
-        chosen=chosen, frontier=[c for c in scored if c.fits], considered=len(scored), estimates=search.runs,
+        chosen=chosen, frontier=scored, considered=len(scored), estimates=search.runs,
         speed_model="calibrated" if calibration is not None else "roofline",
         notes=[f"largest patch on the ladder from {'×'.join(map(str, workload.patch_size))} that fits at batch "
                f"{batch}"],
