@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memfit.errors import MissingExtraError
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
     from memfit.estimate import Estimate
     from memfit.explain import Explanation, Fix
+    from memfit.plan import Plan
 
 # Bottom to top of the stacked timeline: what lives all run first, then what comes and goes within a step.
 CATEGORY_ORDER = (
@@ -550,3 +553,64 @@ def _fixes_title(expl: Explanation, fixes: list[Fix]) -> str:
     best = max(fixes, key=lambda f: f.saving_bytes)
     return (f"Largest saving: {best.name}, {format_bytes(est.device_bytes)} → {format_bytes(best.device_bytes)} "
             f"({_time_words(best.time_factor)})")
+
+
+# -------------------------------------------------------------------------------------------- plan frontier
+
+
+def frontier_figure(plan: Plan) -> Figure:
+    """Throughput against predicted memory for the plan's frontier, with the budget and the choice marked."""
+    fig = _figure(10, 5.2)
+    ax = fig.add_subplot()
+    _clean(ax)
+    points = [c for c in plan.frontier if c.samples_per_s is not None]
+    if plan.chosen not in points and plan.chosen.samples_per_s is not None:
+        points.append(plan.chosen)
+    xs = [c.device_bytes for c in points]
+    ys = [c.samples_per_s or 0.0 for c in points]
+    colors = [_CHECKPOINT_COLOR if c.config.checkpoint else _PLAIN_COLOR for c in points]
+    ax.scatter(xs, ys, c=colors, s=[60 if c.verified else 30 for c in points],
+               edgecolors=[_INK if c.verified else "none" for c in points], zorder=3)
+    for c, x, y in zip(points, xs, ys, strict=True):
+        ax.annotate(f"{c.config.micro_batch}×{c.config.accumulation_steps}", (x, y), textcoords="offset points",
+                    xytext=(5, 4), fontsize=8, color=_MUTED)
+    chosen = plan.chosen
+    if chosen.samples_per_s is not None:
+        ax.scatter([chosen.device_bytes], [chosen.samples_per_s], s=260, facecolors="none",
+                   edgecolors=_BUDGET_COLOR, linewidths=2, zorder=4)
+    limit = plan.budget_bytes * (1 - plan.margin)
+    ax.axvline(plan.budget_bytes, color=_BUDGET_COLOR, linewidth=2)
+    ax.axvline(limit, color=_BUDGET_COLOR, linewidth=1, linestyle=":")
+    ax.text(plan.budget_bytes, ax.get_ylim()[1], f" budget {format_bytes(plan.budget_bytes)}",
+            color=_BUDGET_COLOR, va="top", fontsize=9)
+    _byte_axis(ax.xaxis, max(xs + [plan.budget_bytes]))
+    ax.set_xlim(0, max(xs + [plan.budget_bytes]) * 1.1)
+    ax.set_ylim(0, max(ys + [1.0]) * 1.15)
+    ax.set_xlabel("predicted GPU memory (fits in + CUDA context)", color=_MUTED)
+    ax.set_ylabel(f"predicted samples/s ({plan.speed_model})", color=_MUTED)
+    ax.grid(color="#E5E5E5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    from matplotlib.lines import Line2D
+
+    ax.legend(handles=[
+        Line2D([], [], marker="o", linestyle="", color=_PLAIN_COLOR, label="no checkpointing"),
+        Line2D([], [], marker="o", linestyle="", color=_CHECKPOINT_COLOR, label="checkpointed blocks"),
+        Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=_BUDGET_COLOR,
+               markersize=12, label="chosen"),
+    ], frameon=False, loc="lower right", fontsize=9)
+    _title(fig, f"{plan.workload}: {chosen.config.label()} is the fastest that fits {format_bytes(plan.budget_bytes)}",
+           "labels: micro-batch × accumulation steps; outlined points were estimated, the others read off a line")
+    return fig
+
+
+def save_frontier_png(plan: Plan, path: str | os.PathLike[str]) -> Path:
+    """Write ``frontier_figure(plan)`` as a PNG, atomically."""
+    from memfit.report import _png, _target, _write_atomic
+
+    target = _target(Path(path))
+    _write_atomic(target, _png(frontier_figure(plan)))
+    return target
+
+
+_PLAIN_COLOR = "#4C72B0"
+_CHECKPOINT_COLOR = "#DD8452"
