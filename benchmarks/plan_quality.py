@@ -1,0 +1,365 @@
+"""Plan quality: memfit's plan against an exhaustive grid of the same knobs, measured on one GPU.
+
+For each model (a CNN, a GPT-style decoder, a 3-D U-Net) and 4 budgets from tight to loose:
+
+    python benchmarks/plan_quality.py predict --out benchmarks/results/plan_predictions   # CPU machine
+    python benchmarks/plan_quality.py measure --predictions ... --out $OUT --models resnet50  # GPU machine
+
+``predict`` plans with the roofline speed model and times the planning on this (2-core) CPU; it also writes the
+grid: every micro-batch dividing the effective batch × checkpointing (none, the planner's half set, all blocks)
+× optimizer implementation (foreach, fused, for-loop) × memory format (channels_last for conv nets).
+``measure`` times every grid configuration (one micro-batch forward+backward, and the optimizer step, each the
+median of several after warm-up: step time = accumulation × micro-batch time + optimizer time), measures its
+peak memory under the protocol, decides for each budget whether it runs under the cap (allocator cap = budget -
+the CUDA context), runs each plan's choice under its cap in a fresh process, plans again with a GPU calibration,
+and runs the peers: Lightning's batch-size finder and plain halving until it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MODELS = {
+    # name: (built-in workload, effective batch)
+    "resnet50": ("resnet50", 64),
+    "gpt2": ("gpt2", 32),
+    "unet3d": ("unet3d", 4),
+}
+BUDGET_FRACTIONS = (0.15, 0.35, 0.6, 1.1)  # of the way from the smallest to the largest configuration's need
+IMPLS = ("foreach", "fused", "for-loop")
+
+
+def _workload(model: str):  # noqa: ANN202
+    from memfit.zoo import builtin_workload
+
+    return builtin_workload(MODELS[model][0])
+
+
+# ------------------------------------------------------------------------------------------------ predict
+
+
+def predict(args: argparse.Namespace) -> None:
+    from memfit.estimate import estimate
+    from memfit.fixes import _model_facts
+    from memfit.plan import _checkpoint_options, plan
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for model in args.models.split(","):
+        w = _workload(model)
+        eff = MODELS[model][1]
+        facts = _model_facts(w)
+        base = estimate(w.replace(batch_size=max(1, eff // 2), accumulation_steps=2), gpu=args.gpu)
+        options = [(), *_checkpoint_options(base, facts.blocks)]
+        biggest = estimate(w.replace(batch_size=eff, accumulation_steps=1), gpu=args.gpu).device_bytes
+        smallest = estimate(w.replace(batch_size=1, accumulation_steps=eff, checkpoint=options[-1],
+                                      optimizer_impl="fused" if "fused" in facts.optimizer_impls else "default"),
+                            gpu=args.gpu).device_bytes
+        budgets = [int(smallest + f * (biggest - smallest)) for f in BUDGET_FRACTIONS]
+        plans = []
+        for budget in budgets:
+            started = time.perf_counter()
+            try:
+                p = plan(w, budget_bytes=budget, effective_batch=eff, gpu=args.gpu)
+                plans.append({"budget_bytes": budget, "plan": p.to_dict(),
+                              "planning_s": time.perf_counter() - started})
+                print(f"{model} budget {budget / 2**30:.2f} GiB: {p.chosen.config.label()} "
+                      f"({time.perf_counter() - started:.1f} s, {p.estimates} traces)", flush=True)
+            except Exception as exc:  # an impossible budget is a result too
+                plans.append({"budget_bytes": budget, "error": f"{type(exc).__name__}: {exc}",
+                              "planning_s": time.perf_counter() - started})
+                print(f"{model} budget {budget / 2**30:.2f} GiB: {exc}", flush=True)
+        micros = [d for d in range(1, eff + 1) if eff % d == 0]
+        formats = [False, True] if facts.has_conv else [False]
+        impls = [i for i in IMPLS if i in facts.optimizer_impls]
+        grid = [
+            {"batch_size": m, "accumulation_steps": eff // m, "checkpoint": list(c), "optimizer_impl": i,
+             "channels_last": cl}
+            for m in micros for c in options for i in impls for cl in formats
+        ]
+        record = {"model": model, "workload": MODELS[model][0], "effective_batch": eff, "gpu": args.gpu,
+                  "smallest_bytes": smallest, "biggest_bytes": biggest, "budgets": budgets,
+                  "checkpoint_options": [list(o) for o in options], "plans": plans, "grid": grid}
+        (out / f"{model}.json").write_text(json.dumps(record, indent=1))
+
+
+# ------------------------------------------------------------------------------------------------ measure
+
+
+def _cuda_time(fn, repeats: int) -> float:  # noqa: ANN001
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _changes(config: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+
+
+def time_config(w, config: dict) -> dict:  # noqa: ANN001
+    """Micro-batch time and optimizer time of one configuration (in this process)."""
+    import contextlib
+
+    import torch
+
+    from memfit.protocol import autocast_dtype, build
+
+    cw = w.replace(**_changes(config))
+    model, optimizer, batch = build(cw, "cuda")
+    scaler = torch.amp.GradScaler("cuda") if cw.precision == "fp16" else None
+    dtype = autocast_dtype(cw.precision)
+
+    def micro() -> None:
+        ctx = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        with ctx:
+            loss = cw.loss(cw.run_forward(model, batch), batch) / cw.accumulation_steps
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def opt() -> None:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    micro()
+    opt()  # optimizer state exists from here on
+    micro()
+    torch.cuda.synchronize()
+    t_micro = _cuda_time(micro, 5 if cw.batch_size <= 8 else 3)
+    t_opt = _cuda_time(opt, 3)
+    del model, optimizer, batch, scaler
+    return {"micro_s": t_micro, "optimizer_s": t_opt,
+            "step_s": cw.accumulation_steps * t_micro + t_opt,
+            "samples_per_s": cw.effective_batch_size / (cw.accumulation_steps * t_micro + t_opt)}
+
+
+def memory_config(w, config: dict, cap_bytes: int | None = None) -> dict:  # noqa: ANN001
+    """Peak memory of the protocol (3 steps, up to 2 micro-batches each) in this process, optionally capped."""
+    import torch
+
+    from memfit.protocol import build, run_steps
+
+    cw = w.replace(**_changes(config))
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total) if cap_bytes else 1.0)
+    torch.cuda.reset_peak_memory_stats()
+    ok, error = True, ""
+    try:
+        model, optimizer, batch = build(cw, "cuda")
+        scaler = torch.amp.GradScaler("cuda") if cw.precision == "fp16" else None
+        run_steps(cw, model, optimizer, batch, autocast_device="cuda", scaler=scaler,
+                  micro_batches=min(cw.accumulation_steps, 2))
+        torch.cuda.synchronize()
+        del model, optimizer, batch, scaler
+    except torch.OutOfMemoryError as exc:
+        ok, error = False, str(exc).splitlines()[0][:200]
+    stats = torch.cuda.memory_stats()
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    return {"ok": ok, "error": error, "peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
+            "peak_reserved_bytes": stats.get("reserved_bytes.all.peak", 0)}
+
+
+def _clean() -> None:
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def measure(args: argparse.Namespace) -> None:
+    import torch
+
+    from memfit.measure import run_trial
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()
+    for model in args.models.split(","):
+        pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
+        w = _workload(model)
+        # the CUDA context: what a fresh process holds outside the allocator after the protocol
+        probe = run_trial(MODELS[model][0], changes={"batch_size": 1, "accumulation_steps": pred["effective_batch"]})
+        context = probe.outside_allocator_bytes
+        caps = [b - context for b in pred["budgets"]]
+        rows = []
+        started = time.perf_counter()
+        for config in pred["grid"]:
+            row = {"config": config}
+            try:
+                _clean()
+                row["memory"] = memory_config(w, config)
+                _clean()
+                row["time"] = time_config(w, config) if row["memory"]["ok"] else None
+            except Exception as exc:  # one bad configuration must not stop the grid
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            fits = []
+            for cap in caps:
+                mem = row.get("memory")
+                if mem is None or not mem["ok"]:
+                    fits.append(False)
+                elif mem["peak_reserved_bytes"] <= cap:
+                    fits.append(True)  # it never asked for more than the cap
+                elif mem["peak_allocated_bytes"] > cap:
+                    fits.append(False)  # live tensors alone exceed it
+                else:
+                    _clean()
+                    fits.append(memory_config(w, config, cap)["ok"])
+            row["fits"] = fits
+            rows.append(row)
+            t = row.get("time") or {}
+            print(f"{model} {config['batch_size']}x{config['accumulation_steps']} ckpt={len(config['checkpoint'])} "
+                  f"{config['optimizer_impl']} cl={config['channels_last']}: "
+                  f"{t.get('samples_per_s', 0):.1f} samples/s, fits {fits}", flush=True)
+        grid_s = time.perf_counter() - started
+        _clean()
+        chosen = []
+        for cap, entry in zip(caps, pred["plans"], strict=True):
+            if "plan" not in entry:
+                chosen.append(None)
+                continue
+            changes = entry["plan"]["chosen"]["config"]
+            trial = run_trial(MODELS[model][0], cap_bytes=cap, changes=_plan_changes(changes))
+            chosen.append(dataclasses.asdict(trial))
+        result = {
+            "model": model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "date": dt.date.today().isoformat(), "total_bytes": total,
+            "context_bytes": context, "caps": caps, "grid": rows, "grid_s": grid_s, "plan_runs": chosen,
+            "calibrated": _calibrated_plans(w, pred, caps) if args.calibrate else None,
+            "halving": [_halving(model, pred["effective_batch"], cap) for cap in caps],
+            "lightning": [_lightning(w, pred["effective_batch"], cap) for cap in caps] if args.lightning else None,
+        }
+        (out / f"plan_quality_{model}.json").write_text(json.dumps(result, indent=1))
+
+
+def _plan_changes(config: dict) -> dict:
+    return {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
+            "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
+            "channels_last": config["channels_last"], "precision": config["precision"]}
+
+
+def _calibrated_plans(w, pred: dict, caps: list[int]) -> dict:  # noqa: ANN001
+    """Calibrate the speed model on this GPU (timed), then plan each budget with it (planning timed too)."""
+    from memfit.gpus import detect_gpu
+    from memfit.plan import plan
+    from memfit.speed import calibrate
+
+    started = time.perf_counter()
+    calibration = calibrate(w.replace(accumulation_steps=1))
+    calibration_s = time.perf_counter() - started
+    plans = []
+    for budget in pred["budgets"]:
+        started = time.perf_counter()
+        try:
+            p = plan(w, budget_bytes=budget, effective_batch=pred["effective_batch"], gpu=detect_gpu(),
+                     calibration=calibration)
+            plans.append({"budget_bytes": budget, "plan": p.to_dict(), "planning_s": time.perf_counter() - started})
+        except Exception as exc:
+            plans.append({"budget_bytes": budget, "error": f"{type(exc).__name__}: {exc}"})
+    return {"calibration_s": calibration_s, "calibration": calibration.to_dict(), "plans": plans}
+
+
+def _halving(model: str, effective: int, cap: int) -> dict:
+    """Plain halving until it runs: micro-batch = effective, effective/2, ... each tried in a fresh process."""
+    from memfit.measure import run_trial
+
+    started, micro, tries = time.perf_counter(), effective, 0
+    while micro >= 1:
+        tries += 1
+        t = run_trial(MODELS[model][0], cap_bytes=cap,
+                      changes={"batch_size": micro, "accumulation_steps": effective // micro})
+        if t.ok:
+            return {"micro_batch": micro, "tries": tries, "seconds": time.perf_counter() - started}
+        micro //= 2
+    return {"micro_batch": None, "tries": tries, "seconds": time.perf_counter() - started}
+
+
+def _lightning(w, effective: int, cap: int) -> dict:  # noqa: ANN001
+    """Lightning's batch-size finder (power mode, its defaults) under the cap: the size it picks, the time."""
+    try:
+        import pytorch_lightning as pl
+        import torch
+        from pytorch_lightning.tuner import Tuner
+    except ImportError as exc:
+        return {"error": f"lightning not importable: {exc}"}
+
+    from memfit.protocol import autocast_dtype
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = w.model()
+            self.batch_size = 2
+
+        def training_step(self, batch, _):  # noqa: ANN001, ANN202
+            return w.loss(w.run_forward(self.net, batch), batch)
+
+        def configure_optimizers(self):  # noqa: ANN202
+            return w.optimizer(self.parameters())
+
+        def train_dataloader(self):  # noqa: ANN202
+            one = w.make_batch(1)
+
+            class Data(torch.utils.data.Dataset):
+                def __len__(self) -> int:
+                    return 1 << 16
+
+                def __getitem__(self, i: int):  # noqa: ANN202
+                    return tuple(t[0] for t in one)
+
+            return torch.utils.data.DataLoader(Data(), batch_size=self.batch_size)
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    _clean()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
+    precision = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[w.precision]
+    assert autocast_dtype(w.precision) is not None or precision == "32-true"
+    started = time.perf_counter()
+    try:
+        trainer = pl.Trainer(accelerator="gpu", devices=1, precision=precision, max_steps=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        module = Module()
+        found = Tuner(trainer).scale_batch_size(module, mode="power")
+        result = {"batch_size": found, "seconds": time.perf_counter() - started}
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"[:300], "seconds": time.perf_counter() - started}
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    _clean()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("stage", choices=("predict", "measure"))
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--predictions", default=str(HERE / "results" / "plan_predictions"))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--calibrate", action="store_true")
+    parser.add_argument("--lightning", action="store_true")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    predict(args) if args.stage == "predict" else measure(args)
+
+
+if __name__ == "__main__":
+    main()
