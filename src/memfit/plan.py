@@ -267,17 +267,52 @@ class _Search:
         return self.estimates[config]
 
     def step_time(self, config: Config) -> float | None:
-        """Predicted optimizer-step time of ``config``, from the nearest estimate of the same structure."""
-        from memfit.speed import step_time_for
+        """Predicted optimizer-step time of ``config``: the speed model on the op costs of the same structure,
+        interpolated op by op between the two estimated micro-batch sizes around it."""
+        from memfit.speed import predict_step_time
 
-        same = [c for c in self.estimates if _structure(c) == _structure(config) and not c.expandable_segments]
+        key = _structure(config)
+        same = sorted((c.micro_batch, e.cost) for c, e in self.estimates.items()
+                      if _structure(c) == key and not c.expandable_segments and e.cost is not None)
         if not same:
             return None
-        near = min(same, key=lambda c: abs(c.micro_batch - config.micro_batch))
-        return step_time_for(
-            self.estimates[near], self.gpu, micro_batch=config.micro_batch,
-            accumulation=config.accumulation_steps, calibration=self.calibration,
-        )
+        cost = _cost_at(same, config.micro_batch)
+        return predict_step_time(cost, self.gpu, accumulation=config.accumulation_steps,
+                                 calibration=self.calibration).step_time_s
+
+
+def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
+    """The ``StepCost`` of one micro-batch of ``micro`` samples from costs traced at other sizes.
+
+    FLOPs and bytes of each op are linear in the micro-batch (a weight read is the intercept), so two traces of
+    the same op sequence give every op exactly; with one trace, or sequences that differ, they are scaled.
+    """
+    from memfit.speed import PhaseCost
+
+    sizes = [m for m, _ in known]
+    if micro in sizes:
+        return known[sizes.index(micro)][1]
+    below = [k for k in known if k[0] < micro]
+    above = [k for k in known if k[0] > micro]
+    (m0, c0), (m1, c1) = (below[-1], above[0]) if below and above else (known[0], known[-1]) if len(known) > 1 else (
+        known[0], known[0])
+
+    def phase(p0: Any, p1: Any) -> Any:
+        rows0, rows1 = p0.ops, p1.ops
+        if m0 == m1 or len(rows0) != len(rows1):
+            near = rows0 if abs(micro - m0) <= abs(micro - m1) else rows1
+            scale = micro / (m0 if near is rows0 else m1)
+            return PhaseCost.of([r._replace(flops=int(r.flops * scale), bytes=int(r.bytes * scale)) for r in near])
+        t = (micro - m0) / (m1 - m0)
+        return PhaseCost.of([
+            a._replace(flops=max(0, round(a.flops + t * (b.flops - a.flops))),
+                       bytes=max(0, round(a.bytes + t * (b.bytes - a.bytes))))
+            for a, b in zip(rows0, rows1, strict=True)
+        ])
+
+    return dataclasses.replace(
+        c0, micro_batch_size=micro, forward=phase(c0.forward, c1.forward), backward=phase(c0.backward, c1.backward),
+    )
 
 
 def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
