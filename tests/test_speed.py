@@ -123,6 +123,13 @@ def test_for_loop_optimizer_launches_more_kernels_than_foreach_and_fused():
     assert loop_s > foreach_s
 
 
+def test_fused_sgd_traces_as_one_launch():
+    # aten._fused_sgd_ has no fake kernel (torch 2.13); it returns nothing, so the trace skips running it
+    fused = _cost(_workload(8, optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True)))
+    assert fused.optimizer.kernels == 1
+    assert fused.optimizer.bytes > 0
+
+
 def test_channels_last_saves_cudnn_layout_conversions():
     def conv_workload(channels_last: bool) -> Workload:
         return Workload(
@@ -241,4 +248,6 @@ def test_roofline_defaults_are_positive_and_validated():
     assert ROOFLINE.compute_efficiency < 1
     with pytest.raises(ValueError, match="positive"):
         SpeedParams(kernel_s=0.0)
+    with pytest.raises(ValueError, match="at most 1"):
+        SpeedParams(compute_efficiency=1.5)
     assert math.isfinite(predict_step_time(_mlp_cost(1), GPU).step_time_s)

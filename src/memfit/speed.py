@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -195,8 +195,13 @@ class SpeedParams:
             value = getattr(self, f.name)
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise UsageError(f"SpeedParams.{f.name} must be a positive number, got {value!r}.")
+        for name in _EFFICIENCIES:
+            if getattr(self, name) > 1:
+                raise UsageError(f"SpeedParams.{name} is a fraction of the datasheet peak: at most 1, got "
+                                 f"{getattr(self, name)!r}.")
 
 
+_EFFICIENCIES = ("compute_efficiency", "memory_efficiency")
 ROOFLINE = SpeedParams()
 FITTED = ("compute_efficiency", "memory_efficiency", "kernel_s", "forward_dispatch_s", "backward_dispatch_s",
           "optimizer_dispatch_s")
@@ -421,7 +426,10 @@ def fit_calibration(
     start = [math.log(getattr(prior, n)) for n in fit]
 
     def params_at(x: Sequence[float]) -> SpeedParams:
-        return dataclasses.replace(prior, **{n: math.exp(v) for n, v in zip(fit, x, strict=True)})
+        # efficiencies are fractions of the datasheet peak: capped at 1 (the fit sees a flat loss beyond)
+        return dataclasses.replace(prior, **{
+            n: min(math.exp(v), 1.0) if n in _EFFICIENCIES else math.exp(v) for n, v in zip(fit, x, strict=True)
+        })
 
     def residuals(p: SpeedParams) -> list[float]:
         out = []
@@ -498,6 +506,7 @@ def calibrate(
     gpu: GpuSpec | str | None = None,
     warmup: int = 2,
     repeats: int = 5,
+    costs: Mapping[int, StepCost] | None = None,
 ) -> Calibration:
     """Time a few training steps of ``workload`` per micro-batch size on a real GPU and fit the speed model.
 
@@ -511,6 +520,10 @@ def calibrate(
         device: the CUDA device to time on.
         micro_batches: sizes to time; spread them from CPU-bound (1) to GPU-bound.
         gpu: the spec to fit against; default: detected from the device.
+        warmup: untimed steps first (the first step also creates the optimizer state).
+        repeats: timed steps; their median is fitted.
+        costs: ``StepCost`` by micro-batch size where the caller has them already (``Estimate.cost``); the
+            other sizes are traced here, on the CPU.
     """
     from memfit.gpus import detect_gpu
     from memfit.oom import is_oom
@@ -528,7 +541,8 @@ def calibrate(
                 raise
             log.info("calibrate: micro-batch %d ran out of memory; skipped", b)
             continue
-        samples.append(CalibrationSample(cost=_trace_cost(w, spec), forward_s=forward_s, backward_s=backward_s,
+        cost = costs[b] if costs is not None and b in costs else _trace_cost(w, spec)
+        samples.append(CalibrationSample(cost=cost, forward_s=forward_s, backward_s=backward_s,
                                          optimizer_s=optimizer_s))
     return fit_calibration(samples, spec, workload=workload.name)
 

@@ -164,10 +164,15 @@ class _Recorder(tp.TorchDispatchMode):
                 f"have. Move it out of the training step (e.g. precompute indices in the batch)."
             ) from exc
         except tp.UnsupportedOperatorException as exc:
-            raise TraceError(
-                f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit cannot "
-                "trace it without running it for real. Use `memfit measure` on a GPU for this model."
-            ) from exc
+            if not func._schema.returns:
+                # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
+                # torch 2.13): there is no output to fake and no storage to track
+                out = None
+            else:
+                raise TraceError(
+                    f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit "
+                    "cannot trace it without running it for real. Use `memfit measure` on a GPU for this model."
+                ) from exc
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
