@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     # results
     "Estimate": "memfit.estimate",
     "Measurement": "memfit.measure",
-    "StepCost": "memfit.speed",
+    "StepCost": "memfit.costs",
     "SpeedPrediction": "memfit.speed",
     "Calibration": "memfit.speed",
     "StepMetrics": "memfit.guard",

@@ -18,7 +18,7 @@ from memfit.protocol import DEFAULT_STEPS
 from memfit.workload import Workload
 
 if TYPE_CHECKING:
-    from memfit.speed import StepCost
+    from memfit.costs import StepCost
 
 SCHEMA = 1
 _TIMELINE_POINTS = 1500
@@ -128,7 +128,7 @@ def estimate(
         >>> est.peak_allocated_bytes > 0
         True
     """
-    from memfit.speed import StepCost
+    from memfit.costs import StepCost
     from memfit.trace import trace_workload
 
     started = time.perf_counter()

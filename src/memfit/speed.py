@@ -2,7 +2,8 @@
 is at hand.
 
 The trace (``trace.py``) counts, for every op of a steady-state micro-batch and optimizer step, its FLOPs by
-dtype, the bytes it moves, the kernels it launches and the CPU dispatches it costs (``memfit.costs``). The speed
+dtype, the bytes it moves, the kernels it launches and the CPU dispatches it costs (``memfit.costs.StepCost``,
+re-exported here; ``Estimate.cost`` carries one). The speed
 model runs those rows through two queues, the way eager PyTorch runs them:
 
 * the **CPU** dispatches each op (``dispatch_s`` per ATen op or module call, by phase, plus ``launch_s`` per
@@ -28,138 +29,21 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from memfit.costs import FLOP_CLASSES, OpCost
-from memfit.errors import DeviceError, TraceError, UsageError
+from memfit.costs import PhaseCost, StepCost
+from memfit.errors import DeviceError, UsageError
 from memfit.gpus import GpuSpec, gpu_spec
 from memfit.workload import Workload
 
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
-
-
-# --------------------------------------------------------------------------------------------- what a step costs
-@dataclass(frozen=True, kw_only=True)
-class PhaseCost:
-    """The ops of one phase, and their totals."""
-
-    flops: dict[str, int]
-    """Matmul/convolution/attention FLOPs by the class that sets their peak (``memfit.costs.FLOP_CLASSES``)."""
-    bytes: int
-    """Bytes read plus written by all ops."""
-    kernels: int
-    dispatches: int
-    """ATen ops and module calls the CPU goes through."""
-    recompute_flops: int
-    """FLOPs of checkpointed modules run again in backward (a part of ``flops``)."""
-    syncs: int
-    """Host syncs (``.item()``): the CPU waits for the GPU."""
-    ops: tuple[OpCost, ...] = field(repr=False)
-    """Every op in program order: the speed model needs their order, not only the totals."""
-
-    @classmethod
-    def of(cls, rows: Sequence[OpCost]) -> PhaseCost:
-        flops = dict.fromkeys(FLOP_CLASSES, 0)
-        for r in rows:
-            if r.flop_class is not None:
-                flops[r.flop_class] += r.flops
-        return cls(
-            flops=flops,
-            bytes=sum(r.bytes for r in rows),
-            kernels=sum(r.kernels for r in rows),
-            dispatches=sum(r.dispatches for r in rows),
-            recompute_flops=sum(r.flops for r in rows if r.recompute),
-            syncs=sum(1 for r in rows if r.sync),
-            ops=tuple(rows),
-        )
-
-    @property
-    def total_flops(self) -> int:
-        return sum(self.flops.values())
-
-    def to_dict(self, *, ops: bool = True) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ops"}
-        d["flops"] = dict(self.flops)
-        if ops:
-            d["ops"] = [list(r) for r in self.ops]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PhaseCost:
-        return cls.of([OpCost(*r) for r in d["ops"]])
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepCost:
-    """What one micro-batch and one optimizer step cost a GPU, counted on fake tensors (``memfit.costs``).
-
-    Read from the steady state: the last micro-batch of the second traced step (the first also creates the
-    optimizer state). Example:
-
-        >>> from memfit.zoo import builtin_workload
-        >>> from memfit.estimate import estimate
-        >>> cost = estimate(builtin_workload("mlp").replace(batch_size=8)).cost
-        >>> cost.backward.total_flops == 2 * cost.forward.total_flops
-        True
-    """
-
-    micro_batch_size: int
-    forward: PhaseCost
-    """Forward and loss of one micro-batch."""
-    backward: PhaseCost
-    """Backward of one micro-batch, with the recomputation of checkpointed modules."""
-    optimizer: PhaseCost
-    """``zero_grad`` and ``optimizer.step()``: once per step, whatever the gradient accumulation."""
-    traced_step: int = 1
-    schema: int = SCHEMA
-
-    @classmethod
-    def from_trace(cls, trace: Any, micro_batch_size: int) -> StepCost:
-        """The cost of ``trace``'s steady-state step (``trace.op_costs`` and ``trace.cost_marks``)."""
-        marks = list(trace.cost_marks) + [(len(trace.op_costs), "end", -1)]
-        spans = [(at, marks[i + 1][0], name, s) for i, (at, name, s) in enumerate(marks[:-1])]
-        steps = {s for _, _, name, s in spans if name == "forward"}
-        if not steps:
-            raise TraceError("the trace has no forward phase, so its speed cannot be predicted.")
-        step = 1 if 1 in steps else max(steps)
-        # the last micro-batch of the step: its forward, then loss and backward until another phase begins
-        first = max(i for i, (_, _, name, s) in enumerate(spans) if name == "forward" and s == step)
-        forward: list[OpCost] = []
-        backward: list[OpCost] = []
-        for at, end, name, _ in spans[first:]:
-            if name in ("forward", "loss") and not backward:
-                forward += trace.op_costs[at:end]
-            elif name == "backward":
-                backward += trace.op_costs[at:end]
-            else:
-                break
-        optimizer = [
-            r for at, end, name, s in spans if s == step and name in ("zero_grad", "optimizer")
-            for r in trace.op_costs[at:end]
-        ]
-        return cls(
-            micro_batch_size=micro_batch_size, forward=PhaseCost.of(forward), backward=PhaseCost.of(backward),
-            optimizer=PhaseCost.of(optimizer), traced_step=step,
-        )
-
-    def to_dict(self, *, ops: bool = True) -> dict[str, Any]:
-        """JSON-ready; ``ops=False`` keeps only the totals (what ``Estimate.to_dict`` shows)."""
-        return {
-            "schema": SCHEMA,
-            "micro_batch_size": self.micro_batch_size,
-            "traced_step": self.traced_step,
-            **{p: getattr(self, p).to_dict(ops=ops) for p in ("forward", "backward", "optimizer")},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StepCost:
-        return cls(
-            micro_batch_size=d["micro_batch_size"], traced_step=d.get("traced_step", 1),
-            **{p: PhaseCost.from_dict(d[p]) for p in ("forward", "backward", "optimizer")},
-        )
+__all__ = [
+    "Calibration", "CalibrationSample", "PhaseCost", "ROOFLINE", "SpeedParams", "SpeedPrediction", "StepCost",
+    "calibrate", "fit_calibration", "predict_step_time",
+]
 
 
 # ------------------------------------------------------------------------------------------------ the model
