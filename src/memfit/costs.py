@@ -96,6 +96,9 @@ class OpCounter:
         self.active = False
 
     def set_phase(self, name: str, step: int) -> None:
+        if self.active and self._pending:
+            # free ops at the end of a phase still cost their dispatches
+            self.rows.append(OpCost(0, None, 0, 0, self._pending))
         # model building and data placement are not part of the step
         self.active = name not in ("init", "data", "end")
         self._pending = 0

@@ -3,8 +3,8 @@ is at hand.
 
 The trace (``trace.py``) counts, for every op of a steady-state micro-batch and optimizer step, its FLOPs by
 dtype, the bytes it moves, the kernels it launches and the CPU dispatches it costs (``memfit.costs.StepCost``,
-re-exported here; ``Estimate.cost`` carries one). The speed
-model runs those rows through two queues, the way eager PyTorch runs them:
+re-exported here; ``Estimate.cost`` carries one). The speed model runs those rows through two queues, the way
+eager PyTorch runs them:
 
 * the **CPU** dispatches each op (``dispatch_s`` per ATen op or module call, by phase, plus ``launch_s`` per
   kernel launch) and enqueues its kernels;
@@ -13,9 +13,9 @@ model runs those rows through two queues, the way eager PyTorch runs them:
 
 A phase takes until both queues are done: ``gpu = max(gpu, cpu) + t_gpu`` op by op, so a GPU starved by short
 kernels waits for the CPU and a CPU ahead of long kernels costs nothing. This beats both simpler choices: the
-maximum of the CPU and GPU totals misses the stretches where each one waits for the other (a CPU-bound
-optimizer after a GPU-bound backward), and the sum of per-op maxima misses the CPU running ahead during long
-kernels. Forward, backward and optimizer each start from an idle GPU, as after a host sync, and
+maximum of the CPU and GPU totals misses the stretches where each one waits for the other (a network whose
+early layers are few large convolutions and whose late layers are many small ops), and the sum of per-op maxima
+misses the CPU running ahead during long kernels. Forward, backward and optimizer each start from an idle GPU, as after a host sync, and
 ``step = accumulation * (forward + backward) + optimizer``.
 
 Ignored: cache reuse between ops (each op streams its tensors through HBM), kernel concurrency, tile and wave
@@ -172,7 +172,7 @@ def _simulate(rows: _Rows, p: SpeedParams, dispatch_s: float) -> tuple[float, fl
     ):
         # a recomputed module runs its Python forward again inside backward: forward's dispatch cost
         t_cpu = d * (fwd if rec else dispatch_s) + k * ls
-        t_gpu = max(c / ce, m / me) + k * ks
+        t_gpu = max(c / ce, m / me) + k * ks if k else 0.0  # no kernel (a host-side read): no GPU time
         cpu += t_cpu
         cpu_total += t_cpu
         # the kernel starts once the CPU has launched it and the GPU is free
@@ -463,7 +463,7 @@ def _time_phases(workload: Workload, device: str, *, warmup: int, repeats: int) 
         times: list[tuple[float, float, float]] = []
         for s in range(warmup, steps):
             # the optimizer phase runs until the next step's forward: zero_grad belongs to it, as in StepCost
-            opt_end = events.get((s + 1, "forward")) or events[(steps, "end")]
+            opt_end = events.get((s + 1, "forward"), events[(steps, "end")])
             times.append(tuple(  # type: ignore[arg-type]
                 events[(s, a)].elapsed_time(b) / 1e3
                 for a, b in (("forward", events[(s, "backward")]), ("backward", events[(s, "optimizer")]),
