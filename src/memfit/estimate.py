@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from memfit.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
@@ -93,7 +93,8 @@ class Estimate:
     schema: int = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # the cost's per-op rows stay out (thousands of them): its totals are what a report needs
+        d = asdict(replace(self, cost=None))
         d["cost"] = self.cost.to_dict(ops=False) if self.cost is not None else None
         d["schema"] = SCHEMA
         return d
