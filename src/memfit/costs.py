@@ -46,7 +46,7 @@ _CPU_ATTENTION = frozenset(
 # are found by their schema (OpOverload.is_view); these are the metadata ops whose schema does not say so.
 _NO_KERNEL = frozenset(
     "_unsafe_view _reshape_alias empty empty_like empty_strided new_empty new_empty_strided resize_ set_ "
-    "lift_fresh transpose_ t_ squeeze_ unsqueeze_ as_strided_ detach_ _version".split()
+    "lift_fresh transpose_ t_ squeeze_ unsqueeze_ as_strided_ detach_".split()
 )
 # Ops that write their first argument without reading it.
 _WRITE_ONLY = frozenset("copy_ fill_ zero_ normal_ uniform_ bernoulli_ random_ exponential_".split())
