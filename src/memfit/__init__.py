@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     # entry points: will it fit, why, keep it running, feed it
     "estimate": "memfit.estimate",
+    "predict_step_time": "memfit.speed",
+    "calibrate": "memfit.speed",
     "measure": "memfit.measure",
     "load_workload": "memfit.workload",
     "builtin_workload": "memfit.zoo",
@@ -31,6 +33,9 @@ _EXPORTS: dict[str, str] = {
     # results
     "Estimate": "memfit.estimate",
     "Measurement": "memfit.measure",
+    "StepCost": "memfit.costs",
+    "SpeedPrediction": "memfit.speed",
+    "Calibration": "memfit.speed",
     "StepMetrics": "memfit.guard",
     "RankMemory": "memfit.ranks",
     "RankReport": "memfit.ranks",
@@ -44,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "Workload": "memfit.workload",
     "AllocatorConfig": "memfit.allocator",
     "GpuSpec": "memfit.gpus",
+    "SpeedParams": "memfit.speed",
     "GuardConfig": "memfit.guard",
     "BatchSplitter": "memfit.microbatch",
     # data (memfit.data holds the rest)

@@ -56,6 +56,9 @@ __all__ = [
     "override_library",
     "record_memory_history",
     "memory_snapshot",
+    "flop_formulas",
+    "sdpa_flops",
+    "sdpa_backward_flops",
 ]
 
 
@@ -121,3 +124,30 @@ def autocast_header_path() -> str:
     import os
 
     return os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "autocast_mode.h")
+
+
+def flop_formulas() -> dict:
+    """``{OpOverloadPacket: formula}`` of ``torch.utils.flop_counter``: ``formula(*args, out_val=out, **kwargs)``.
+
+    Only ``FlopCounterMode`` and ``register_flop_formula`` are public (``__all__``); the registry behind them is a
+    module global since torch 2.1 and still in 2.11 and 2.13. Reading it from an instance keeps custom formulas
+    registered by the user.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    return dict(FlopCounterMode(display=False).flop_registry)
+
+
+def sdpa_flops(query_shape: tuple, key_shape: tuple, value_shape: tuple) -> int:
+    """Forward FLOPs of scaled-dot-product attention (``torch.utils.flop_counter.sdpa_flop_count``)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+
+
+def sdpa_backward_flops(grad_shape: tuple, query_shape: tuple, key_shape: tuple, value_shape: tuple) -> int:
+    """Backward FLOPs of scaled-dot-product attention (``sdpa_backward_flop_count``): five matmuls, the scores
+    recomputed as FlashAttention's backward does."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return int(sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape))

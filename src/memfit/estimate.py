@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from memfit.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
 from memfit.gpus import GpuSpec, gpu_spec
 from memfit.protocol import DEFAULT_STEPS
 from memfit.workload import Workload
+
+if TYPE_CHECKING:
+    from memfit.costs import StepCost
 
 SCHEMA = 1
 _TIMELINE_POINTS = 1500
@@ -91,12 +94,17 @@ class Estimate:
     param_count: int
     steps: int
     warnings: list[str] = field(default_factory=list)
+    cost: StepCost | None = None
+    """FLOPs, bytes, kernels and dispatches of one steady-state micro-batch and optimizer step, for
+    ``memfit.speed.predict_step_time``. ``to_dict`` keeps its totals, not its per-op rows."""
     elapsed_s: float = 0.0
     method: str = "fake-tensor trace + caching-allocator replay"
     schema: int = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # the cost's per-op rows stay out (thousands of them): its totals are what a report needs
+        d = asdict(replace(self, cost=None))
+        d["cost"] = self.cost.to_dict(ops=False) if self.cost is not None else None
         d["schema"] = SCHEMA
         return d
 
@@ -133,6 +141,7 @@ def estimate(
         >>> est.peak_allocated_bytes > 0
         True
     """
+    from memfit.costs import StepCost
     from memfit.trace import trace_workload
 
     started = time.perf_counter()
@@ -168,6 +177,7 @@ def estimate(
         param_count=trace.param_count,
         steps=steps,
         warnings=list(trace.warnings),
+        cost=StepCost.from_trace(trace, workload.batch_size),
         elapsed_s=time.perf_counter() - started,
     )
 

@@ -28,7 +28,14 @@ class GpuSpec:
     sm_count: int = 132
     """Streaming multiprocessors: CUDA's reductions size their staging buffers by it."""
     bf16_tflops: float = 0.0
-    """Dense bf16 tensor-core peak (datasheet), for the speed model."""
+    """Dense bf16 tensor-core peak in TFLOPS (datasheet), for the speed model (memfit.speed)."""
+    fp16_tflops: float = 0.0
+    """Dense fp16 tensor-core peak with fp32 accumulation, TFLOPS (datasheet)."""
+    tf32_tflops: float = 0.0
+    """Dense TF32 tensor-core peak, TFLOPS (datasheet): fp32 convolutions (cuDNN allows TF32 by default) and fp32
+    matmuls where ``torch.backends.cuda.matmul.allow_tf32`` is set."""
+    fp32_tflops: float = 0.0
+    """Non-tensor-core fp32 peak, TFLOPS (datasheet): fp32 matmuls under PyTorch's default (TF32 off)."""
     memory_bandwidth_gbs: float = 0.0
     """HBM bandwidth in GB/s (datasheet)."""
 
@@ -46,7 +53,12 @@ GPUS: dict[str, GpuSpec] = {
         compute_capability=(9, 0),
         cuda_context_bytes=768 * MiB,  # assumed equal to the H200's (measured); not measured on an H100
         cublas_workspace_bytes=_CUBLAS_SM90,
-        bf16_tflops=989.0,  # H100 SXM datasheet, dense
+        # NVIDIA H100 Tensor Core GPU datasheet, SXM column; the datasheet's tensor-core figures are "with
+        # sparsity", dense is half: BF16/FP16 1979 -> 989.5, TF32 989 -> 494.5; FP32 67; HBM3 3.35 TB/s
+        bf16_tflops=989.5,
+        fp16_tflops=989.5,
+        tf32_tflops=494.5,
+        fp32_tflops=67.0,
         memory_bandwidth_gbs=3350.0,
     ),
     "h200": GpuSpec(
@@ -57,7 +69,12 @@ GPUS: dict[str, GpuSpec] = {
         # torch 2.11 + CUDA 13.0; benchmarks/results/measurements/*.json, outside_allocator_bytes
         cuda_context_bytes=768 * MiB,
         cublas_workspace_bytes=_CUBLAS_SM90,
-        bf16_tflops=989.0,  # H200 SXM datasheet, dense
+        # NVIDIA H200 Tensor Core GPU datasheet, SXM column: the H100's compute (sparse figures halved, as
+        # above) with 4.8 TB/s HBM3e
+        bf16_tflops=989.5,
+        fp16_tflops=989.5,
+        tf32_tflops=494.5,
+        fp32_tflops=67.0,
         memory_bandwidth_gbs=4800.0,
     ),
     "a100": GpuSpec(
@@ -67,7 +84,12 @@ GPUS: dict[str, GpuSpec] = {
         sm_count=108,
         cuda_context_bytes=640 * MiB,  # assumed from the H200 measurement; not measured on this GPU
         cublas_workspace_bytes=_CUBLAS_PRE_SM90,
+        # NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column: BF16/FP16 312, TF32 156 (dense), FP32 19.5,
+        # HBM2e 2039 GB/s
         bf16_tflops=312.0,
+        fp16_tflops=312.0,
+        tf32_tflops=156.0,
+        fp32_tflops=19.5,
         memory_bandwidth_gbs=2039.0,
     ),
     "rtx4090": GpuSpec(
@@ -77,7 +99,12 @@ GPUS: dict[str, GpuSpec] = {
         sm_count=128,
         cuda_context_bytes=640 * MiB,  # assumed from the H200 measurement; not measured on this GPU
         cublas_workspace_bytes=_CUBLAS_PRE_SM90,
-        bf16_tflops=165.0,
+        # NVIDIA Ada Lovelace GPU Architecture whitepaper (v2.1), appendix table for the RTX 4090, dense: FP16/BF16
+        # tensor with FP32 accumulate 165.2, TF32 tensor 82.6, FP32 82.6; GDDR6X 1008 GB/s
+        bf16_tflops=165.2,
+        fp16_tflops=165.2,
+        tf32_tflops=82.6,
+        fp32_tflops=82.6,
         memory_bandwidth_gbs=1008.0,
     ),
 }
@@ -109,5 +136,8 @@ def detect_gpu() -> GpuSpec | None:
         cublas_workspace_bytes=_CUBLAS_SM90 if cap >= (9, 0) else _CUBLAS_PRE_SM90,
         sm_count=props.multi_processor_count,
         bf16_tflops=base.bf16_tflops,
+        fp16_tflops=base.fp16_tflops,
+        tf32_tflops=base.tf32_tflops,
+        fp32_tflops=base.fp32_tflops,
         memory_bandwidth_gbs=base.memory_bandwidth_gbs,
     )

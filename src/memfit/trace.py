@@ -20,6 +20,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from memfit import _torch_private as tp
+from memfit.costs import OpCost, OpCounter
 from memfit.cuda_emulation import CudaSemantics
 from memfit.errors import TraceError, WorkloadError
 from memfit.gpus import GpuSpec
@@ -65,6 +66,9 @@ class Trace:
     phase_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (event index, phase, step)
     warnings: list[str] = field(default_factory=list)
     param_count: int = 0
+    op_costs: list[OpCost] = field(default_factory=list)
+    """What each op of the traced steps costs (memfit.costs), in program order; not copied by step repeats."""
+    cost_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (index into op_costs, phase, step)
 
     def events(self) -> list[tuple[int, int, int]]:
         """(op, key, requested bytes) triples for the allocator simulator."""
@@ -83,10 +87,6 @@ class Trace:
         return phase, step
 
 
-# fused optimizer ops that mutate their arguments and return nothing (aten/src/ATen/native/native_functions.yaml)
-_INPLACE_FUSED_OPTIMIZERS = frozenset({"_fused_sgd_", "_fused_adam_", "_fused_adamw_", "_fused_adagrad_"})
-
-
 class _Recorder(tp.TorchDispatchMode):
     def __init__(self, gpu: GpuSpec) -> None:
         super().__init__()
@@ -98,6 +98,8 @@ class _Recorder(tp.TorchDispatchMode):
         self.module_names: dict[int, str] = {}
         self._workspace_threads: set[str] = set()
         self._warned_item = False
+        self.costs = OpCounter()
+        self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
     # ------------------------------------------------------------------ events
     def set_phase(self, name: str, step: int) -> None:
@@ -105,6 +107,7 @@ class _Recorder(tp.TorchDispatchMode):
         if name != "backward":
             self.module_stack.clear()
         self.trace.phase_marks.append((len(self.trace.ops), name, step))
+        self.costs.set_phase(name, step)
 
     def _default_category(self) -> str:
         if self.phase == "data":
@@ -162,14 +165,20 @@ class _Recorder(tp.TorchDispatchMode):
                 f"have. Move it out of the training step (e.g. precompute indices in the batch)."
             ) from exc
         except tp.UnsupportedOperatorException as exc:
-            if name in _INPLACE_FUSED_OPTIMIZERS:
-                # in-place fused optimizer kernels (e.g. _fused_sgd_ before torch registers a meta kernel for
-                # it) return nothing and allocate nothing: the state they update already exists
-                return None
-            raise TraceError(
-                f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit cannot "
-                "trace it without running it for real. Use `memfit measure` on a GPU for this model."
-            ) from exc
+            if not func._schema.returns:
+                # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
+                # torch 2.13): there is no output to fake and no storage to track
+                out = None
+            else:
+                raise TraceError(
+                    f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit "
+                    "cannot trace it without running it for real. Use `memfit measure` on a GPU for this model."
+                ) from exc
+        # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
+        # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
+        recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
+        self.costs.record(func, name, args, kwargs, out, recompute=recompute,
+                          sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
         if name == "convolution":
             self.track(out, name)
             self._transient(self._conv_workspace(args[0], args[1], out, args[3], args[6], args[8]))
@@ -235,6 +244,12 @@ class _Recorder(tp.TorchDispatchMode):
             self.trace.allocs[key].optional = optional
             self._free(key)
 
+    def _is_optimizer_state(self, t: torch.Tensor) -> bool:
+        # torch.optim keeps the `step` counters on the CPU unless capturable or fused (adam.py, _init_group), so
+        # reading one is no GPU sync; they are marked optimizer_state from the end of the first step on
+        key = self._live.get(t.untyped_storage())
+        return key is not None and self.trace.allocs[key].category == "optimizer_state"
+
     def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
         if not self._warned_item and self.phase != "optimizer":
@@ -262,6 +277,7 @@ class _Recorder(tp.TorchDispatchMode):
     # ----------------------------------------------------- module attribution
     def pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.module_stack.append(self.module_names.get(id(module), type(module).__name__))
+        self.costs.module_call()
 
     def post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self.module_stack:
