@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -17,6 +19,11 @@ _EXPORTS: dict[str, str] = {
     "predict_step_time": "memfit.speed",
     "calibrate": "memfit.speed",
     "measure": "memfit.measure",
+    "explain": "memfit.explain",
+    "plan": "memfit.plan",
+    "plan_patch": "memfit.plan",
+    "parse_oom_message": "memfit.oom_message",
+    "diagnose_oom": "memfit.oom_message",
     "load_workload": "memfit.workload",
     "builtin_workload": "memfit.zoo",
     "TrainStep": "memfit.guard",
@@ -33,6 +40,12 @@ _EXPORTS: dict[str, str] = {
     # results
     "Estimate": "memfit.estimate",
     "Measurement": "memfit.measure",
+    "Explanation": "memfit.explain",
+    "Fix": "memfit.fixes",
+    "Plan": "memfit.plan",
+    "Candidate": "memfit.plan",
+    "OomMessage": "memfit.oom_message",
+    "OomDiagnosis": "memfit.oom_message",
     "StepCost": "memfit.costs",
     "SpeedPrediction": "memfit.speed",
     "Calibration": "memfit.speed",
@@ -76,6 +89,20 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """``memfit.estimate`` is the function even after ``import memfit.estimate`` (the submodule of that name):
+    Python's import sets the package attribute to the submodule when it is first loaded, and this puts the
+    exported function there instead."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__ and hasattr(value, name):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

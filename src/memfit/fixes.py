@@ -111,21 +111,26 @@ def _make_fix(ctx: FixContext, est: Estimate, **fields: Any) -> Fix:
         fits_in_bytes=est.fits_in_bytes,
         device_bytes=est.device_bytes,
         saving_bytes=ctx.base.fits_in_bytes - est.fits_in_bytes,
-        time_factor=_time_factor(ctx.base, est, ctx),
+        time_factor=_time_factor(ctx, est, fields.get("changes", {})),
         fits_budget=None if budget is None else est.device_bytes <= budget,
         **fields,
     )
 
 
-def _time_factor(base: Estimate, est: Estimate, ctx: FixContext) -> float | None:
-    """Predicted step time of ``est``'s workload over the current one's, from the roofline speed model."""
-    if getattr(base, "cost", None) is None or getattr(est, "cost", None) is None:
-        return None
+def _time_factor(ctx: FixContext, est: Estimate, changes: dict[str, Any]) -> float | None:
+    """Predicted step time with the fix over the current one's, from the speed model (same effective batch)."""
     from memfit.speed import predict_step_time
 
-    t0 = predict_step_time(base.cost, ctx.gpu, accumulation=ctx.workload.accumulation_steps).step_time_s
-    acc = est.config.get("accumulation_steps", 1) if hasattr(est, "config") else 1
+    if ctx.base.cost is None or est.cost is None:
+        return None
+    w = ctx.workload
+    t0 = predict_step_time(ctx.base.cost, ctx.gpu, accumulation=w.accumulation_steps).step_time_s
+    acc = changes.get("accumulation_steps", w.accumulation_steps)
     t1 = predict_step_time(est.cost, ctx.gpu, accumulation=acc).step_time_s
+    if "patch_size" in changes:  # per voxel: a smaller patch does less work per step for the same data
+        import math
+
+        t1 *= math.prod(w.patch_size or ()) / math.prod(changes["patch_size"])
     return t1 / t0 if t0 > 0 else None
 
 
