@@ -208,14 +208,22 @@ def render_plan(p: Plan, console: Console) -> None:
                      f"({p.speed_model} speed model)")
     console.print(Panel("\n".join(lines), title=f"plan for {p.workload} on {p.gpu}", expand=False))
     t = Table(title="Frontier: no other configuration is both smaller and faster", title_justify="left")
-    for col in ("configuration", "needs", "ms/step", "samples/s", "memory from"):
-        t.add_column(col, justify="left" if col in ("configuration", "memory from") else "right")
+    for col in ("micro × acc", "checkpoint", "optimizer", "format", "needs", "ms/step", "samples/s", "memory from"):
+        t.add_column(col, justify="right" if col in ("needs", "ms/step", "samples/s") else "left")
     for f in p.frontier:
-        mark = "[bold]→ [/]" if f.config == cfg else ""
-        t.add_row(mark + f.config.label(), format_bytes(f.device_bytes),
-                  "" if f.step_time_s is None else f"{f.step_time_s * 1e3:.0f}",
-                  "" if f.samples_per_s is None else f"{f.samples_per_s:.1f}",
-                  "estimate" if f.verified else "line through estimates")
+        k = f.config
+        mark = "[bold]→ [/]" if k == cfg else ""
+        t.add_row(
+            f"{mark}{k.micro_batch} × {k.accumulation_steps}" + (f" ({'×'.join(map(str, k.patch_size))})"
+                                                                 if k.patch_size else ""),
+            f"{len(k.checkpoint)} blocks" if k.checkpoint else "none",
+            k.optimizer_impl, ("channels_last" if k.channels_last else "default") + (
+                " + expandable" if k.expandable_segments else ""),
+            format_bytes(f.device_bytes),
+            "" if f.step_time_s is None else f"{f.step_time_s * 1e3:.0f}",
+            "" if f.samples_per_s is None else f"{f.samples_per_s:.1f}",
+            "estimate" if f.verified else "line",
+        )
     console.print(t)
     for note in p.notes:
         console.print(f"[yellow]note:[/] {note}")
