@@ -84,3 +84,16 @@ def test_peak_in_the_first_optimizer_step_is_named():
 def test_explanation_is_json(unet_explained):
     d = json.loads(unet_explained.to_json())
     assert d["schema"] == 1 and d["fixes"] and d["estimate"]["fits_in_bytes"] == unet_explained.estimate.fits_in_bytes
+
+
+@pytest.mark.gpu
+def test_gpu_top_fix_measured_within_the_estimators_bound():
+    """On a real GPU: the top fix's measured peak allocated is within 5 % of its prediction."""
+    from memfit.gpus import detect_gpu
+    from memfit.measure import run_trial
+
+    e = explain(builtin_workload("unet2d"), gpu=detect_gpu())
+    top = next(f for f in e.fixes if not f.allocator)
+    trial = run_trial("unet2d", changes={k: list(v) if isinstance(v, tuple) else v for k, v in top.changes.items()})
+    assert trial.ok, trial.error
+    assert abs(top.peak_allocated_bytes - trial.peak_allocated_bytes) <= 0.05 * trial.peak_allocated_bytes

@@ -112,3 +112,23 @@ def test_patch_search_picks_the_largest_patch_that_fits():
     ladder = patch_ladder((768, 512), (4, 4))
     bigger = ladder[ladder.index(chosen) - 1]
     assert estimate(w.replace(patch_size=bigger)).device_bytes > budget * (1 - p.margin)
+
+
+@pytest.mark.gpu
+def test_gpu_plan_runs_under_its_budget_cap():
+    """On a real GPU: the planned configuration of a built-in runs under a cap of budget - CUDA context."""
+    from memfit.gpus import detect_gpu
+    from memfit.measure import run_trial
+    from memfit.zoo import builtin_workload
+
+    gpu = detect_gpu()
+    w = builtin_workload("resnet50")
+    biggest = estimate(w.replace(batch_size=32), gpu=gpu)
+    budget = biggest.device_bytes * 6 // 10
+    p = plan(w, budget_bytes=budget, effective_batch=32, gpu=gpu)
+    c = p.chosen.config
+    probe = run_trial("resnet50", changes={"batch_size": 1})
+    trial = run_trial("resnet50", cap_bytes=budget - probe.outside_allocator_bytes, changes={
+        "batch_size": c.micro_batch, "accumulation_steps": c.accumulation_steps, "checkpoint": list(c.checkpoint),
+        "optimizer_impl": c.optimizer_impl, "channels_last": c.channels_last})
+    assert trial.ok, trial.error
