@@ -147,3 +147,17 @@ def test_never_allocates_real_memory_for_a_big_3d_unet():
     simulated = max(a.nbytes for a in trace.allocs)
     assert simulated > 200 * MiB  # single activations of hundreds of MiB were simulated
     assert grown_kib * 1024 < 400 * MiB  # while the process grew far less than the ~5 GiB they add up to
+
+
+def test_frees_after_the_trace_ended_are_not_recorded():
+    """A fake storage reaped by a later garbage collection must not add a free to a finished trace."""
+    import gc
+
+    from memfit.gpus import gpu_spec
+    from memfit.trace import trace_workload
+    from memfit.zoo import builtin_workload
+
+    trace = trace_workload(builtin_workload("mlp").replace(batch_size=4), gpu_spec(None))
+    n = len(trace.ops)
+    gc.collect()
+    assert len(trace.ops) == n

@@ -98,6 +98,7 @@ class _Recorder(tp.TorchDispatchMode):
         self.module_names: dict[int, str] = {}
         self._workspace_threads: set[str] = set()
         self._warned_item = False
+        self.closed = False
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
@@ -129,6 +130,10 @@ class _Recorder(tp.TorchDispatchMode):
         return key
 
     def _free(self, key: int) -> None:
+        if self.closed:
+            # a fake storage collected after the trace ended (a reference cycle reaped by a later gc): its free
+            # belongs to no step, and after the step copy it would free a key the copy already freed
+            return
         self.trace.ops.append(-1)
         self.trace.keys.append(key)
 
@@ -334,6 +339,7 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
     finally:
         for h in hooks:
             h.remove()
+    recorder.closed = True
     trace = recorder.trace
     # frees after the last step come from tearing the model down: no peak is there
     end = next(at for at, name, _ in reversed(trace.phase_marks) if name == "end")
