@@ -267,13 +267,18 @@ def _peak_story(est: Estimate, workload: Workload) -> tuple[str, str]:
             f"({format_bytes(b.get('temporaries', 0) + b.get('workspaces', 0))})"
         )
     elif est.peak_phase == "optimizer":
-        when = f"in the optimizer step of step {step}" + (" (the first iteration)" if est.peak_step == 0 else "")
+        later = max((p.allocated_bytes for p in est.timeline if p.phase == "optimizer" and p.step > est.peak_step),
+                    default=0)
+        every_step = est.peak_step == 0 and later >= 0.99 * est.peak_allocated_bytes
+        when = f"in the optimizer step of step {step}" + (
+            ", from the first iteration on (every later step reaches it again)" if every_step
+            else " (the first iteration)" if est.peak_step == 0 else "")
         why = (
             f"gradients ({format_bytes(b.get('grads', 0))}) and optimizer state "
             f"({format_bytes(b.get('optimizer_state', 0))}) are alive together with the update's temporaries "
             f"({format_bytes(b.get('temporaries', 0))})"
         )
-        if est.peak_step == 0:
+        if est.peak_step == 0 and not every_step:
             why += "; the optimizer creates its state lazily at the first step, while the first step's "
             why += "gradients are still alive"
         if workload.optimizer_impl in ("default", "foreach") and b.get("temporaries", 0) > 0:
