@@ -164,7 +164,7 @@ def estimate(
         peak_reserved_bytes=analysis["peak_reserved"],
         fits_in_bytes=fits_in,
         fits_in_replay_bytes=replayed,
-        device_bytes=fits_in + spec.cuda_context_bytes,
+        device_bytes=fits_in + spec.context_bytes(trace.uses_cublas),
         breakdown=breakdown,
         activations_by_module=analysis["activations_by_module"],
         peak_phase=analysis["peak_phase"],

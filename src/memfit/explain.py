@@ -177,7 +177,7 @@ def explain(
         notes.append(
             f"Nothing tried fits {format_bytes(budget_bytes)}: the smallest needs {format_bytes(smallest.device_bytes)}; "
             f"weights, gradients and optimizer state alone take {format_bytes(state)} plus the CUDA context "
-            f"({format_bytes(spec.cuda_context_bytes)}). Shard them across GPUs (memfit.shard_model) or use a smaller "
+            f"({format_bytes(base.device_bytes - base.fits_in_bytes)}). Shard them across GPUs (memfit.shard_model) or use a smaller "
             "model or a lower-memory optimizer."
         )
     return Explanation(

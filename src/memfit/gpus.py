@@ -23,6 +23,8 @@ class GpuSpec:
     compute_capability: tuple[int, int]
     cuda_context_bytes: int
     """Device memory outside the caching allocator once CUDA, cuBLAS and cuDNN are initialised."""
+    cublas_context_bytes: int = 0
+    """The part of ``cuda_context_bytes`` that only a step calling cuBLAS pays (its handles and kernels)."""
     cublas_workspace_bytes: int
     """cuBLAS workspace per (handle, stream); CublasHandlePool.cpp: 4096*8*1024 on sm90+, 8.125 MiB before."""
     sm_count: int = 132
@@ -39,6 +41,10 @@ class GpuSpec:
     memory_bandwidth_gbs: float = 0.0
     """HBM bandwidth in GB/s (datasheet)."""
 
+    def context_bytes(self, uses_cublas: bool) -> int:
+        """Device memory outside the allocator for a step that does (or does not) call cuBLAS."""
+        return self.cuda_context_bytes - (0 if uses_cublas else self.cublas_context_bytes)
+
 
 # cuBLAS workspace sizes: aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize():
 # ":4096:2:16:8" = 2*4 MiB + 8*16 KiB = 8.125 MiB by default; 4096*8 KiB = 32 MiB on compute capability 9.x+.
@@ -52,6 +58,7 @@ GPUS: dict[str, GpuSpec] = {
         total_bytes=int(79.11 * GiB),
         compute_capability=(9, 0),
         cuda_context_bytes=768 * MiB,  # assumed equal to the H200's (measured); not measured on an H100
+        cublas_context_bytes=128 * MiB,  # as the H200's
         cublas_workspace_bytes=_CUBLAS_SM90,
         # NVIDIA H100 Tensor Core GPU datasheet, SXM column; the datasheet's tensor-core figures are "with
         # sparsity", dense is half: BF16/FP16 1979 -> 989.5, TF32 989 -> 494.5; FP32 67; HBM3 3.35 TB/s
@@ -65,9 +72,11 @@ GPUS: dict[str, GpuSpec] = {
         name="NVIDIA H200",
         total_bytes=150_109_880_320,  # measured: get_device_properties(0).total_memory, benchmarks/results
         compute_capability=(9, 0),
-        # measured: device used - reserved after the protocol, 641 MiB (no cuBLAS) to 771 MiB (with it),
-        # torch 2.11 + CUDA 13.0; benchmarks/results/measurements/*.json, outside_allocator_bytes
+        # measured: device used - reserved after the protocol, 639-641 MiB for convolution-only nets (no cuBLAS)
+        # and 767-771 MiB for steps that call cuBLAS, torch 2.11 + CUDA 13.0;
+        # benchmarks/results/measurements/*.json, outside_allocator_bytes
         cuda_context_bytes=768 * MiB,
+        cublas_context_bytes=128 * MiB,
         cublas_workspace_bytes=_CUBLAS_SM90,
         # NVIDIA H200 Tensor Core GPU datasheet, SXM column: the H100's compute (sparse figures halved, as
         # above) with 4.8 TB/s HBM3e
@@ -133,6 +142,7 @@ def detect_gpu() -> GpuSpec | None:
         total_bytes=props.total_memory,
         compute_capability=cap,
         cuda_context_bytes=base.cuda_context_bytes,
+        cublas_context_bytes=base.cublas_context_bytes,
         cublas_workspace_bytes=_CUBLAS_SM90 if cap >= (9, 0) else _CUBLAS_PRE_SM90,
         sm_count=props.multi_processor_count,
         bf16_tflops=base.bf16_tflops,

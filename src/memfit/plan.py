@@ -250,6 +250,7 @@ class _Search:
         self.allow_precision_change = allow_precision_change
         self.limit_bytes, self.effective, self.calibration = limit_bytes, effective, calibration
         self.estimates: dict[Config, Estimate] = {}
+        self.context_bytes = gpu.cuda_context_bytes  # until an estimate says whether the step calls cuBLAS
         self.traces: dict[Config, Any] = {}
         self.runs = 0
 
@@ -263,7 +264,9 @@ class _Search:
                 self.traces[plain] = trace_workload(w, self.gpu)
                 self.runs += 1
             allocator = dataclasses.replace(self.allocator, expandable_segments=config.expandable_segments)
-            self.estimates[config] = estimate(w, gpu=self.gpu, allocator=allocator, reuse_trace=self.traces[plain])
+            est = estimate(w, gpu=self.gpu, allocator=allocator, reuse_trace=self.traces[plain])
+            self.estimates[config] = est
+            self.context_bytes = est.device_bytes - est.fits_in_bytes
         return self.estimates[config]
 
     def step_time(self, config: Config) -> float | None:
@@ -474,7 +477,7 @@ def _checkpoint_options(est: Estimate, blocks: tuple[str, ...]) -> list[tuple[st
 def _score(search: _Search, model: _MemoryModel, config: Config) -> Candidate:
     est = search.estimates.get(config)
     fits_in = est.fits_in_bytes if est is not None else model.fits_in(config.micro_batch)
-    device = fits_in + search.gpu.cuda_context_bytes
+    device = fits_in + search.context_bytes
     t = search.step_time(config)
     return Candidate(
         config=config, device_bytes=device, fits_in_bytes=fits_in, step_time_s=t,

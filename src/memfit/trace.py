@@ -66,6 +66,8 @@ class Trace:
     phase_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (event index, phase, step)
     warnings: list[str] = field(default_factory=list)
     param_count: int = 0
+    uses_cublas: bool = False
+    """The step calls cuBLAS (matmuls): its handles add to the CUDA context (GpuSpec.cublas_context_bytes)."""
     op_costs: list[OpCost] = field(default_factory=list)
     """What each op of the traced steps costs (memfit.costs), in program order; not copied by step repeats."""
     cost_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (index into op_costs, phase, step)
@@ -277,6 +279,7 @@ class _Recorder(tp.TorchDispatchMode):
         if thread in self._workspace_threads or self.gpu.cublas_workspace_bytes <= 0:
             return
         self._workspace_threads.add(thread)
+        self.trace.uses_cublas = True
         self._alloc(self.gpu.cublas_workspace_bytes, "cublas_workspace", (), "uint8", "workspaces")
 
     # ----------------------------------------------------- module attribution
