@@ -101,8 +101,11 @@ def measure(args: argparse.Namespace) -> None:
     from memfit.measure import run_trial
 
     pred = json.loads((Path(args.predictions) / "patch_vs_nnunet.json").read_text())
-    probe = run_trial("unet3d", changes={"batch_size": 1, "patch_size": [64, 64, 64]})
-    context = probe.outside_allocator_bytes
+    # the allocator's share of a budget: less the CUDA context memfit assumes for a conv-only step (measured on
+    # an H200 in a fresh process: 639-641 MiB, memfit.gpus); measuring it here would count this process too
+    from memfit.gpus import gpu_spec
+
+    context = gpu_spec("h200").context_bytes(uses_cublas=False)
     rows = []
     for row in pred["rows"]:
         cap = int(row["budget_gb"] * 1e9) - context
