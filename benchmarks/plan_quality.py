@@ -148,7 +148,6 @@ def time_config(w, config: dict) -> dict:  # noqa: ANN001
     torch.cuda.synchronize()
     t_micro = _cuda_time(micro, 5 if cw.batch_size <= 8 else 3)
     t_opt = _cuda_time(opt, 3)
-    del model, optimizer, batch, scaler
     return {"micro_s": t_micro, "optimizer_s": t_opt,
             "step_s": cw.accumulation_steps * t_micro + t_opt,
             "samples_per_s": cw.effective_batch_size / (cw.accumulation_steps * t_micro + t_opt)}
