@@ -146,7 +146,6 @@ def _checkpoint_first_half(model: Any, name: str) -> Any:
 
 
 def workload(c: Config) -> Any:
-    import torch
 
     from memfit.zoo import builtin_workload
 
