@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 import torch
 
 from memfit import _torch_private as tp
-from memfit import workspaces as ws
 from memfit.errors import TraceError
 
 SCHEMA = 1
@@ -339,24 +338,30 @@ def _conv_kernels(name: str, args: Any, out: Any) -> tuple[int, int]:
     """Bytes cuDNN's layout conversions move, and the kernels a convolution (or its backward) launches."""
     if name == "convolution_backward":
         grad, x, w = args[0], args[1], args[2]
-        stride, transposed, groups = args[4], args[6], args[9]
         calls = sum(1 for t in out[:2] if t is not None)  # data and weight gradients are separate cuDNN calls
         y = grad
         reductions = 1 if len(out) > 2 and out[2] is not None else 0  # the bias gradient
     else:
         x, w, y = args[0], args[1], out
-        stride, transposed, groups = args[3], args[6], args[8]
         calls, reductions = 1, 0
-    if x.dim() < 4 or _is_channels_last(x):
+    if x.dim() < 4 or _is_channels_last(x) == _nhwc_native(x):
         return 0, calls + reductions
-    block = ws.conv_workspace_bytes(
-        x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
-        transposed=transposed, half=x.element_size() == 2,
-    )
-    if not block:
-        return 0, calls + reductions
-    # each conversion reads one layout and writes the other
+    # the tensors cuDNN converts to the layout its kernels run in, and back: each conversion reads one layout
+    # and writes the other
+    block = sum(t.numel() * t.element_size() for t in (x, w, y) if isinstance(t, torch.Tensor))
     return 2 * block * calls, calls * (1 + _LAYOUT_KERNELS) + reductions
+
+
+def _nhwc_native(x: torch.Tensor) -> bool:
+    """Whether cuDNN's fast kernels for this convolution take channels-last input.
+
+    16-bit 2-D convolutions run on NHWC tensor-core kernels; fp32 (TF32) and 3-D convolutions have native
+    NCHW/NCDHW kernels, and a channels_last input is converted instead. Measured on an H200, torch 2.11
+    (benchmarks/results/speed_model_h200_20261126.md and plan_quality_h200_20261126.md): ResNet-50 bf16
+    channels_last 20 % faster, ResNet-50 fp32 channels_last 20 % slower (micro-batch 16), 3-D U-Net fp16
+    channels_last_3d 23 % slower.
+    """
+    return x.dim() == 4 and x.element_size() == 2
 
 
 def _is_channels_last(t: torch.Tensor) -> bool:

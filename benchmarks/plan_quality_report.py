@@ -1,0 +1,123 @@
+"""Merge plan_quality predictions and measurements into benchmarks/results/plan_quality_<gpu>_<date>.{json,md}.
+
+    python benchmarks/plan_quality_report.py --predictions benchmarks/results/plan_predictions \
+        --measurements benchmarks/results/plan_quality_h200_20261126 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _key(cfg: dict) -> tuple:
+    return (cfg["batch_size"], cfg["accumulation_steps"], tuple(cfg["checkpoint"]), cfg["optimizer_impl"],
+            bool(cfg["channels_last"]))
+
+
+def _plan_key(cfg: dict) -> tuple:
+    return (cfg["micro_batch"], cfg["accumulation_steps"], tuple(cfg["checkpoint"]), cfg["optimizer_impl"],
+            bool(cfg["channels_last"]))
+
+
+def _label(k: tuple) -> str:
+    micro, acc, ckpt, impl, cl = k
+    return f"{micro}×{acc}, ckpt {len(ckpt)}, {impl}" + (", channels_last" if cl else "")
+
+
+def report(pred_dir: Path, meas_dir: Path) -> dict:
+    out: dict = {"models": []}
+    for meas_file in sorted(meas_dir.glob("plan_quality_*.json")):
+        m = json.loads(meas_file.read_text())
+        p = json.loads((pred_dir / f"{m['model']}.json").read_text())
+        grid = {_key(r["config"]): r for r in m["grid"]}
+        rows = []
+        for i, (budget, entry) in enumerate(zip(p["budgets"], p["plans"], strict=True)):
+            fitting = [(r["time"]["samples_per_s"], k) for k, r in grid.items() if r["fits"][i] and r.get("time")]
+            best_sps, best_key = max(fitting) if fitting else (None, None)
+            row = {"budget_bytes": budget, "cap_bytes": m["caps"][i], "best": _label(best_key) if best_key else None,
+                   "best_samples_per_s": best_sps}
+            if "plan" in entry:
+                cfg = entry["plan"]["chosen"]["config"]
+                key = _plan_key(cfg)
+                g = grid.get(key)
+                sps = g["time"]["samples_per_s"] if g and g.get("time") else None
+                run = m["plan_runs"][i]
+                row.update({
+                    "plan": _label(key) + (", expandable_segments" if cfg.get("expandable_segments") else ""),
+                    "plan_samples_per_s": sps,
+                    "ratio": sps / best_sps if sps and best_sps else None,
+                    "plan_ran_under_cap": run["ok"] if run else None,
+                    "plan_grid_fits": g["fits"][i] if g else None,
+                    "planning_s": entry["planning_s"],
+                    "predicted_device_bytes": entry["plan"]["chosen"]["device_bytes"],
+                    "measured_peak_reserved_bytes": run["peak_reserved_bytes"] if run else None,
+                })
+            else:
+                row["plan_error"] = entry.get("error")
+            # plain halving, read off the grid: micro-batch eff, eff/2, ... (no checkpointing, foreach, NCHW)
+            eff = p["effective_batch"]
+            micro, tries = eff, 0
+            while micro >= 1:
+                tries += 1
+                g = grid.get((micro, eff // micro, (), "foreach", False))
+                if g and g["fits"][i]:
+                    break
+                micro //= 2
+            hg = grid.get((micro, eff // micro, (), "foreach", False)) if micro >= 1 else None
+            row["halving"] = {"micro_batch": micro if micro >= 1 else None, "tries": tries,
+                              "samples_per_s": hg["time"]["samples_per_s"] if hg and hg.get("time") else None}
+            lightning = (m.get("lightning") or [None] * 4)[i]
+            if lightning:
+                row["lightning"] = lightning
+            rows.append(row)
+        out["models"].append({"model": m["model"], "gpu": m["gpu"], "torch": m["torch"], "cuda": m["cuda"],
+                              "date": m["date"], "effective_batch": p["effective_batch"], "grid_size": len(grid),
+                              "grid_s": m["grid_s"], "rows": rows})
+    return out
+
+
+def markdown(r: dict) -> str:
+    g = 2**30
+    lines = ["# Plan quality: memfit plan vs an exhaustive measured grid", ""]
+    for mod in r["models"]:
+        lines += [f"## {mod['model']} (effective batch {mod['effective_batch']}) — {mod['gpu']}, torch {mod['torch']}, "
+                  f"CUDA {mod['cuda']}, {mod['date']}", "",
+                  f"Grid: {mod['grid_size']} configurations measured in {mod['grid_s']:.0f} s.", "",
+                  "| budget | best in grid (samples/s) | memfit plan (samples/s) | plan / best | plan ran under cap "
+                  "| planning (2-core CPU) | halving: micro (samples/s, tries) |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in mod["rows"]:
+            h = row["halving"]
+            best = f"{row['best']} ({row['best_samples_per_s']:.1f})" if row["best"] else "nothing fits"
+            if "plan" in row:
+                plan = f"{row['plan']} ({row['plan_samples_per_s']:.1f})" if row["plan_samples_per_s"] else row["plan"]
+                ratio = f"{row['ratio']:.1%}" if row["ratio"] else "—"
+                ran = "yes" if row["plan_ran_under_cap"] else "**no**"
+                planning = f"{row['planning_s']:.1f} s"
+            else:
+                plan, ratio, ran, planning = f"error: {row['plan_error']}", "—", "—", "—"
+            halving = (f"{h['micro_batch']} ({h['samples_per_s']:.1f}, {h['tries']})" if h["samples_per_s"]
+                       else f"none ({h['tries']})")
+            lines.append(f"| {row['budget_bytes'] / g:.2f} GiB | {best} | {plan} | {ratio} | {ran} | {planning} | "
+                         f"{halving} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--predictions", required=True)
+    parser.add_argument("--measurements", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--name", default="plan_quality_h200_20261126")
+    args = parser.parse_args()
+    r = report(Path(args.predictions), Path(args.measurements))
+    Path(args.out, f"{args.name}.json").write_text(json.dumps(r, indent=1))
+    Path(args.out, f"{args.name}.md").write_text(markdown(r))
+    print(markdown(r))
+
+
+if __name__ == "__main__":
+    main()
