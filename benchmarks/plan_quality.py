@@ -239,7 +239,8 @@ def measure(args: argparse.Namespace) -> None:
                 chosen.append(None)
                 continue
             changes = entry["plan"]["chosen"]["config"]
-            trial = run_trial(MODELS[model][0], cap_bytes=cap, changes=_plan_changes(changes))
+            trial = run_trial(MODELS[model][0], cap_bytes=cap, changes=_plan_changes(changes),
+                              allocator_conf="expandable_segments:True" if changes["expandable_segments"] else None)
             chosen.append(dataclasses.asdict(trial))
         result = {
             "model": model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,

@@ -83,9 +83,9 @@ def _apply_changes(workload: Any, changes: dict[str, Any]) -> Any:
 def run_trial(
     spec: str, *, batch_size: int | None = None, precision: str | None = None, cap_bytes: int | None = None,
     snapshot: str | None = None, trace: str | None = None, timeout_s: float = 600,
-    changes: dict[str, Any] | None = None,
+    changes: dict[str, Any] | None = None, allocator_conf: str | None = None,
 ) -> Trial:
-    """One protocol run in a fresh Python process."""
+    """One protocol run in a fresh Python process (``allocator_conf``: its ``PYTORCH_CUDA_ALLOC_CONF``)."""
     cmd = [sys.executable, "-m", "memfit.measure", *_spec_args(spec, batch_size, precision, changes)]
     if cap_bytes is not None:
         cmd += ["--cap-bytes", str(cap_bytes)]
@@ -93,7 +93,10 @@ def run_trial(
         cmd += ["--snapshot", snapshot]
     if trace:
         cmd += ["--trace", trace]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+    env = os.environ.copy()
+    if allocator_conf is not None:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator_conf
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         return Trial(False, cap_bytes, 0, 0, 0, 0, 0.0, error=(proc.stderr.strip().splitlines() or ["no output"])[-1])
