@@ -12,7 +12,8 @@ grid: every micro-batch dividing the effective batch × checkpointing (none, the
 median of several after warm-up: step time = accumulation × micro-batch time + optimizer time), measures its
 peak memory under the protocol, decides for each budget whether it runs under the cap (allocator cap = budget -
 the CUDA context), runs each plan's choice under its cap in a fresh process, plans again with a GPU calibration,
-and runs the peers: Lightning's batch-size finder and plain halving until it runs.
+and runs Lightning's batch-size finder under each cap. Plain halving until it runs is read off the grid
+(``plan_quality_report.py``): micro-batch = effective, effective/2, ... without checkpointing, as people do.
 """
 
 from __future__ import annotations
@@ -247,7 +248,6 @@ def measure(args: argparse.Namespace) -> None:
             "cuda": torch.version.cuda, "date": dt.date.today().isoformat(), "total_bytes": total,
             "context_bytes": context, "caps": caps, "grid": rows, "grid_s": grid_s, "plan_runs": chosen,
             "calibrated": _calibrated_plans(w, pred, caps) if args.calibrate else None,
-            "halving": [_halving(model, pred["effective_batch"], cap) for cap in caps],
             "lightning": [_lightning(w, pred["effective_batch"], cap) for cap in caps] if args.lightning else None,
         }
         (out / f"plan_quality_{model}.json").write_text(json.dumps(result, indent=1))
@@ -278,21 +278,6 @@ def _calibrated_plans(w, pred: dict, caps: list[int]) -> dict:  # noqa: ANN001
         except Exception as exc:
             plans.append({"budget_bytes": budget, "error": f"{type(exc).__name__}: {exc}"})
     return {"calibration_s": calibration_s, "calibration": calibration.to_dict(), "plans": plans}
-
-
-def _halving(model: str, effective: int, cap: int) -> dict:
-    """Plain halving until it runs: micro-batch = effective, effective/2, ... each tried in a fresh process."""
-    from memfit.measure import run_trial
-
-    started, micro, tries = time.perf_counter(), effective, 0
-    while micro >= 1:
-        tries += 1
-        t = run_trial(MODELS[model][0], cap_bytes=cap,
-                      changes={"batch_size": micro, "accumulation_steps": effective // micro})
-        if t.ok:
-            return {"micro_batch": micro, "tries": tries, "seconds": time.perf_counter() - started}
-        micro //= 2
-    return {"micro_batch": None, "tries": tries, "seconds": time.perf_counter() - started}
 
 
 def _lightning(w, effective: int, cap: int) -> dict:  # noqa: ANN001
