@@ -253,6 +253,28 @@ def measure(args: argparse.Namespace) -> None:
         (out / f"plan_quality_{model}.json").write_text(json.dumps(result, indent=1))
 
 
+def verify(args: argparse.Namespace) -> None:
+    """Run each plan's choice under its budget's cap in a fresh process (plans made after the grid was measured)."""
+    import torch
+
+    from memfit.measure import run_trial
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for model in args.models.split(","):
+        pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
+        runs = []
+        for budget, entry in zip(pred["budgets"], pred["plans"], strict=True):
+            cfg = entry["plan"]["chosen"]["config"]
+            trial = run_trial(MODELS[model][0], cap_bytes=budget - pred["context_bytes"], changes=_plan_changes(cfg),
+                              allocator_conf="expandable_segments:True" if cfg["expandable_segments"] else None)
+            runs.append({"budget_bytes": budget, "config": cfg, "trial": dataclasses.asdict(trial)})
+            print(f"{model} {budget / 2**30:.2f} GiB: ok={trial.ok}", flush=True)
+        (out / f"plan_verify_{model}.json").write_text(json.dumps(
+            {"model": model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+             "date": dt.date.today().isoformat(), "runs": runs}, indent=1))
+
+
 def _plan_changes(config: dict) -> dict:
     return {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
             "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
@@ -336,7 +358,7 @@ def _lightning(w, effective: int, cap: int) -> dict:  # noqa: ANN001
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("stage", choices=("predict", "measure"))
+    parser.add_argument("stage", choices=("predict", "measure", "verify"))
     parser.add_argument("--out", default="out")
     parser.add_argument("--predictions", default=str(HERE / "results" / "plan_predictions"))
     parser.add_argument("--models", default=",".join(MODELS))
@@ -345,7 +367,7 @@ def main() -> None:
     parser.add_argument("--lightning", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    predict(args) if args.stage == "predict" else measure(args)
+    {"predict": predict, "measure": measure, "verify": verify}[args.stage](args)
 
 
 if __name__ == "__main__":

@@ -355,13 +355,13 @@ def _conv_kernels(name: str, args: Any, out: Any) -> tuple[int, int]:
 def _nhwc_native(x: torch.Tensor) -> bool:
     """Whether cuDNN's fast kernels for this convolution take channels-last input.
 
-    16-bit 2-D convolutions run on NHWC tensor-core kernels; fp32 (TF32) and 3-D convolutions have native
-    NCHW/NCDHW kernels, and a channels_last input is converted instead. Measured on an H200, torch 2.11
-    (benchmarks/results/speed_model_h200_20261126.md and plan_quality_h200_20261126.md): ResNet-50 bf16
-    channels_last 20 % faster, ResNet-50 fp32 channels_last 20 % slower (micro-batch 16), 3-D U-Net fp16
+    2-D convolutions run on NHWC tensor-core kernels (16-bit, and TF32 for fp32); 3-D convolutions have native
+    NCDHW kernels, and a channels_last_3d input is converted instead. Measured on an H200, torch 2.11
+    (benchmarks/results/speed_model_h200_20261126.md, plan_quality_h200_20261126.md): ResNet-50 channels_last
+    20 % faster in bf16 and 18-24 % faster in fp32 at micro-batches 32-64; a 3-D U-Net (fp16, 128³)
     channels_last_3d 23 % slower.
     """
-    return x.dim() == 4 and x.element_size() == 2
+    return x.dim() == 4
 
 
 def _is_channels_last(t: torch.Tensor) -> bool:
