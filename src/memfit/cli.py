@@ -47,6 +47,13 @@ def estimate(
 
     budget_bytes = parse_bytes(budget) if budget is not None else None
     w = _load(workload, batch_size, precision)
+    if compare:
+        import torch
+
+        # before the estimate, which takes seconds: the measurement half cannot run here at all
+        if not torch.cuda.is_available():
+            _fail("--compare also measures on this machine's GPU, and no CUDA GPU is visible. "
+                  "Drop --compare to estimate only, or run it on a GPU machine.")
     est = run_estimate(w, gpu=gpu)
     measured = None
     if compare:
