@@ -124,7 +124,7 @@ def main() -> None:
         sys.exit(EXIT_USAGE)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (typer.BadParameter,) as exc:  # pragma: no cover - click formats these
+    except typer.BadParameter as exc:  # pragma: no cover - click formats these
         typer.echo(f"memfit: error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     except Exception as exc:  # click usage errors and aborts

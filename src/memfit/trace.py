@@ -10,6 +10,7 @@ few hundred MB of host memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import weakref
@@ -19,12 +20,12 @@ from typing import Any
 import torch
 
 from memfit import _torch_private as tp
+from memfit import workspaces as ws
 from memfit.cuda_emulation import CudaSemantics
 from memfit.errors import TraceError, WorkloadError
 from memfit.gpus import GpuSpec
 from memfit.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload import Workload
-from memfit import workspaces as ws
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +355,7 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
             try:
                 run_steps(
                     workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
-                    phase=lambda name, step: _on_phase(recorder, optimizer, name, step),
+                    phase=functools.partial(_on_phase, recorder, optimizer),
                 )
             except (TraceError, WorkloadError):
                 raise
