@@ -62,9 +62,9 @@ def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname):  # noqa: ANN001, A
         w = torch.randn(*wshape, device="cuda", dtype=dtype, requires_grad=True)
         pad = 0 if (tr or k == 1 or k == s) else k // 2
         conv = getattr(F, f"conv_transpose{dims}d" if tr else f"conv{dims}d")
-        y, fwd = _transient(lambda: conv(x, w, stride=s, padding=pad, groups=g))
+        y, fwd = _transient(lambda: conv(x, w, stride=s, padding=pad, groups=g))  # noqa: F821 (called at once)
         gy = torch.randn_like(y)
-        _, bwd = _transient(lambda: torch.autograd.grad(y, (x, w), gy))
+        _, bwd = _transient(lambda: torch.autograd.grad(y, (x, w), gy))  # noqa: F821 (called at once)
         row = dict(kind="conv", dims=dims, n=n, cin=cin, cout=cout, k=k, stride=s, groups=g, transposed=tr,
                    size=size, dtype=dname, in_bytes=x.numel() * x.element_size(),
                    out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(),
@@ -88,7 +88,7 @@ def lstm_rows() -> list[dict]:
         torch.cuda.synchronize()
         kept = torch.cuda.memory_allocated() - before  # outputs + reserve space held for backward
         tensors = sum(t.numel() * t.element_size() for t in (out, h, c))
-        _, bwd = _transient(lambda: torch.autograd.grad(out, (x, *lstm.parameters()), torch.randn_like(out)))
+        _, bwd = _transient(lambda: torch.autograd.grad(out, (x, *lstm.parameters()), torch.randn_like(out)))  # noqa: B023, F821
         rows.append(dict(kind="lstm", layers=layers, hidden=hidden, seq=seq, n=n, dtype=dname,
                          out_bytes=tensors, kept_bytes=kept, reserve_bytes=kept - tensors, bwd_ws=bwd))
         del lstm, x, out, h, c

@@ -236,7 +236,7 @@ def run_sharding(strategy: str, args: argparse.Namespace, device: torch.device, 
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-4, foreach=False)
     x = torch.randn(8, width, device=device)
     peak = None
-    for step in range(2):
+    for _ in range(2):
         reset_peak(device)
         wrapped(x).square().mean().backward()
         opt.step()
@@ -330,5 +330,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    RankMemory  # imported for readers: the records the report is made of
+    RankMemory  # noqa: B018 - imported for readers: the records the report is made of
     main()

@@ -35,7 +35,7 @@ def main() -> None:
     step = memfit.TrainStep(model, optimizer, loss_fn, precision="bf16", max_grad_norm=1.0)
 
     x, y = torch.randn(512, 32), torch.randint(0, 10, (512,))
-    for i in range(6):
+    for _ in range(6):
         idx = torch.randint(0, 512, (50,))  # 50 samples: halving gives 9 micro-batches of 6, the last of 2
         metrics = step((x[idx], y[idx]))
         print(f"step {metrics.step}: loss {metrics.loss:.4f}, micro-batch {metrics.micro_batch_size} x "

@@ -1,6 +1,7 @@
 """The real CLI in a subprocess: exit codes, one-line errors, JSON fields."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -8,8 +9,9 @@ import textwrap
 import pytest
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memfit.cli", *args], capture_output=True, text=True, timeout=240)
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memfit.cli", *args], capture_output=True, text=True, timeout=240,
+                          env=env)
 
 
 def test_estimate_json_has_the_documented_fields():
@@ -127,3 +129,10 @@ def test_explain_bad_input_is_one_line_and_exit_2(args, message):  # noqa: ANN00
     assert out.returncode == 2, out.stdout
     assert message in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+def test_compare_without_a_gpu_is_one_line_and_exit_2():
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so the test means the same on the CPU and the device machine
+    out = run("estimate", "mlp", "--compare", env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 2, out.stderr
+    assert "--compare" in out.stderr and "no CUDA GPU is visible" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert out.stdout == ""  # it stops before estimating: no half answer

@@ -80,7 +80,7 @@ def test_chained_exceptions_are_walked() -> None:
         try:
             raise RuntimeError("CUDA error: out of memory")
         except RuntimeError:
-            raise ValueError("raised while handling")  # implicit __context__
+            raise ValueError("raised while handling")  # noqa: B904 - implicit __context__ on purpose
     except ValueError as outer:
         assert is_oom(outer)
 

@@ -1,10 +1,14 @@
 """The tracer on models whose memory can be worked out by hand."""
 
+import gc
+
+import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
 from memfit import Workload
 from memfit.gpus import gpu_spec
-from memfit.trace import trace_workload
+from memfit.trace import _output_tensors, trace_workload
 
 MiB = 1 << 20
 GPU = gpu_spec("h100")
@@ -181,3 +185,24 @@ def test_cuda_context_counts_cublas_only_when_the_step_calls_it():
     linear = estimate(step(lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 8))), gpu=spec)
     assert conv.device_bytes - conv.fits_in_bytes == spec.cuda_context_bytes - spec.cublas_context_bytes
     assert linear.device_bytes - linear.fits_in_bytes == spec.cuda_context_bytes
+@pytest.mark.parametrize(
+    "out", [None, 3, torch.ones(1), ([torch.ones(1), None], (torch.ones(2), 4.0, [torch.ones(3)])),
+            {"b": torch.ones(1), "a": [torch.ones(2), torch.ones(3)]}],
+)
+def test_output_tensors_come_in_tree_flatten_order(out):  # noqa: ANN001
+    # the order decides which allocation event comes first, so it must be tree_flatten's
+    expected = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    assert [id(t) for t in _output_tensors(out)] == [id(t) for t in expected]
+
+
+def test_trace_leaves_the_collector_as_it_found_it():
+    before = gc.get_freeze_count()
+    trace_workload(_linear_workload(batch_size=8), GPU, steps=2)
+    assert gc.get_freeze_count() == before  # what the trace froze is unfrozen
+    gc.freeze()  # a caller that freezes objects itself (a pre-fork server) keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        trace_workload(_linear_workload(batch_size=8), GPU, steps=2)
+        assert gc.get_freeze_count() > frozen // 2  # still frozen (frozen objects may die by reference count)
+    finally:
+        gc.unfreeze()

@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from memfit._lazy import load_export as _load_export
 
 __version__ = "0.1.0"
 
@@ -106,12 +107,7 @@ sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'memfit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _load_export(__name__, _EXPORTS, name)
 
 
 if TYPE_CHECKING:  # pragma: no cover

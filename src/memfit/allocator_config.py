@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from memfit.errors import UsageError
 from memfit.units import MiB
@@ -161,9 +162,9 @@ def _is_pow2_or_zero(value: int) -> bool:
     return value >= 0 and (value & (value - 1)) == 0
 
 
-def _parse(text: str) -> dict[str, object]:
+def _parse(text: str) -> dict[str, Any]:
     toks = _tokens(text)
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}  # AllocatorConfig.__post_init__ checks each value
     i = 0
 
     def value_after_colon() -> str:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from memfit.explain import Explanation
 
 from memfit.errors import MemfitError
 
@@ -14,7 +17,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Make PyTorch
 EXIT_USAGE = 2
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"memfit: error: {message}", err=True)
     raise typer.Exit(EXIT_USAGE)
 
@@ -47,6 +50,13 @@ def estimate(
 
     budget_bytes = parse_bytes(budget) if budget is not None else None
     w = _load(workload, batch_size, precision)
+    if compare:
+        import torch
+
+        # before the estimate, which takes seconds: the measurement half cannot run here at all
+        if not torch.cuda.is_available():
+            _fail("--compare also measures on this machine's GPU, and no CUDA GPU is visible. "
+                  "Drop --compare to estimate only, or run it on a GPU machine.")
     est = run_estimate(w, gpu=gpu)
     measured = None
     if compare:
@@ -159,7 +169,7 @@ def _explain_oom_only(oom_text: str, json_out: bool) -> None:
     render_oom(diagnosis, Console())
 
 
-def _write_pictures(e: object, report: Optional[str], png_dir: Optional[str]) -> list[str]:
+def _write_pictures(e: Explanation, report: Optional[str], png_dir: Optional[str]) -> list[str]:
     written: list[str] = []
     if report is not None:
         from memfit.report import write_report
@@ -250,7 +260,7 @@ def main() -> None:
         sys.exit(EXIT_USAGE)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (typer.BadParameter,) as exc:  # pragma: no cover - click formats these
+    except typer.BadParameter as exc:  # pragma: no cover - click formats these
         typer.echo(f"memfit: error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     except Exception as exc:  # click usage errors and aborts

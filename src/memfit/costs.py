@@ -280,7 +280,8 @@ class StepCost:
     def from_dict(cls, d: dict[str, Any]) -> StepCost:
         return cls(
             micro_batch_size=d["micro_batch_size"], traced_step=d.get("traced_step", 1),
-            **{p: PhaseCost.from_dict(d[p]) for p in ("forward", "backward", "optimizer")},
+            forward=PhaseCost.from_dict(d["forward"]), backward=PhaseCost.from_dict(d["backward"]),
+            optimizer=PhaseCost.from_dict(d["optimizer"]),
         )
 
 

@@ -21,8 +21,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from memfit import microbatch
-from memfit._torch_private import BatchNormBase
 from memfit._distributed_agree import FATAL, OK, OOM, RankChannel, Report, broadcast_buffers, reduce_gradients
+from memfit._torch_private import BatchNormBase
 from memfit.errors import NumericsError, OptimizerStepOOMError, RankAgreementError, StepOOMError, UsageError
 from memfit.numerics import LossWatch
 from memfit.oom import is_oom
@@ -194,7 +194,7 @@ class TrainStep:
         # Under DDP, micro-batches call the wrapped module directly: no reducer hooks, no buffer broadcast,
         # so nothing inside a micro-batch is a collective (see _distributed_agree).
         self._ddp = model if isinstance(model, DistributedDataParallel) else None
-        self._module: nn.Module = model.module if self._ddp is not None else model
+        self._module: nn.Module = self._ddp.module if self._ddp is not None else model
         self._channel: RankChannel | None = None
         group = self._ddp.process_group if self._ddp is not None else process_group
         if self._ddp is not None or process_group is not None:

@@ -462,7 +462,7 @@ def fixes_figure(explanation: Explanation) -> Figure:
     fixes = _fix_rows(explanation)
     labels = ["now"] + [f.name for f in fixes]
     needs = [est.device_bytes] + [f.device_bytes for f in fixes]
-    factors: list[float | None] = [1.0] + [f.time_factor for f in fixes]
+    factors: list[float | None] = [1.0, *(f.time_factor for f in fixes)]
     colors = ["#9E9E9E"] + [TRAINING_COLORS.get(f.changes_training, "#888888") for f in fixes]
     n = len(labels)
     fig = _figure(12, max(2.8, 1.7 + 0.42 * n))

@@ -176,8 +176,10 @@ def collect_rank_memory(model: Any = None, *, batch_cost: float | None = None, d
 
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
-    common = {"rank": rank, "local_rank": local_rank, "hostname": socket.gethostname(), "batch_cost": batch_cost,
-              "data_parallel": _uses_data_parallel(model)}
+    common: dict[str, Any] = {
+        "rank": rank, "local_rank": local_rank, "hostname": socket.gethostname(), "batch_cost": batch_cost,
+        "data_parallel": _uses_data_parallel(model),
+    }
     if not torch.cuda.is_available():
         return RankMemory(device_index=None, **common)
     index = torch.cuda.current_device() if device is None else device
@@ -239,9 +241,9 @@ def diagnose(ranks: Sequence[RankMemory], *, tolerance: float = DEFAULT_TOLERANC
     findings.extend(_foreign_context(ranks))
     heavy = _heaviest(ranks, tolerance)
     costs = [r.batch_cost for r in ranks]
-    if heavy is not None and all(c is not None for c in costs) and min(costs) > 0:  # type: ignore[type-var]
+    if heavy is not None and all(c is not None for c in costs) and min(costs) > 0:  # type: ignore[type-var, operator]
         most = max(ranks, key=lambda r: r.batch_cost or 0.0)
-        ratio = (most.batch_cost or 0.0) / min(costs)  # type: ignore[type-var]
+        ratio = (most.batch_cost or 0.0) / min(costs)  # type: ignore[type-var, operator]
         if ratio > tolerance and most.rank == heavy.rank:
             findings.append(Finding(
                 cause="uneven_batches",

@@ -173,8 +173,8 @@ def render_explanation(e: Explanation, console: Console) -> None:
         console.print(f"[yellow]note:[/] {note}")
     if e.oom:
         render_oom(e.oom, console)
-    tried = len(e.fixes) + len(e.not_helping)
-    console.print(f"[dim]{tried} fixes re-estimated in {e.elapsed_s:.1f} s; 'needs' is device memory "
+    n_tried = len(e.fixes) + len(e.not_helping)
+    console.print(f"[dim]{n_tried} fixes re-estimated in {e.elapsed_s:.1f} s; 'needs' is device memory "
                   "(allocator cap + CUDA context)[/]")
 
 

@@ -119,7 +119,7 @@ def shard_model(
     """
     fully_shard = load_fully_shard()
     blocks = find_blocks(model, block_types)
-    for name, block in blocks:
+    for _name, block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
     # the root's params are needed again right at the start of backward (the head), so keep them unsharded
     fully_shard(model, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)

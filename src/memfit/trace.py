@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from memfit import _torch_private as tp
+from memfit import workspaces as ws
 from memfit.costs import OpCost, OpCounter
 from memfit.cuda_emulation import CudaSemantics
 from memfit.errors import TraceError, WorkloadError
 from memfit.gpus import GpuSpec
 from memfit.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload import Workload
-from memfit import workspaces as ws
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,28 @@ class Trace:
                 break
             phase, step = name, s
         return phase, step
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of an op's output, depth first, in ``tree_flatten`` order.
+
+    Not ``torch.utils._pytree.tree_flatten``: each of its calls leaves a reference cycle (a recursive closure)
+    for the garbage collector; called once per op, it made two thirds of a trace's cyclic garbage (166k of 244k
+    objects on the MONAI Swin-UNETR estimate) and so most of the collector's runs.
+    """
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if not isinstance(out, (tuple, list)):
+        return []
+    found: list[torch.Tensor] = []
+    for item in out:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list, dict)):
+            found.extend(_output_tensors(item))
+    return found
 
 
 class _Recorder(tp.TorchDispatchMode):
@@ -199,9 +221,8 @@ class _Recorder(tp.TorchDispatchMode):
             if out[0] is not None or out[1] is not None:
                 self._transient(self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9]))
             return out
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.track(t, name)
+        for t in _output_tensors(out):
+            self.track(t, name)
         self._transient(self._kernel_transient(name, args, out), f"{name}_scratch", optional=False)
         return out
 
@@ -306,9 +327,46 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
     return _trace(workload, gpu, steps=steps)
 
 
+class _OldObjectsFrozen:
+    """Keeps Python's cyclic garbage collector off the objects that exist before the training steps.
+
+    A trace makes many short-lived objects, so the collector runs often, and each full collection walks every
+    object in the process: torch, torch._dynamo and the model's libraries (450k objects with MONAI and
+    transformers). On the MONAI Swin-UNETR estimate those walks took 1.1 s of 12 on a 2-core machine
+    (benchmarks/results/estimate_time_cpu_20261126.md). ``gc.freeze()`` leaves the old objects out. It does not
+    move a free in the trace: fake storages go by reference count (none of the benchmark suite's 13 workloads
+    frees one from the collector), and ``freeze(collect=True)`` after building frees garbage from building first
+    instead of keeping it frozen to the end.
+    """
+
+    def __enter__(self) -> _OldObjectsFrozen:
+        # a caller that freezes objects itself (a pre-fork server) keeps its frozen set: ours would unfreeze it
+        self._active = gc.get_freeze_count() == 0
+        if self._active:
+            gc.freeze()
+        return self
+
+    def freeze(self, *, collect: bool = False) -> None:
+        """Freeze what exists now too; ``collect`` first frees what is already garbage."""
+        if self._active:
+            if collect:
+                gc.collect()
+            gc.freeze()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._active:
+            gc.unfreeze()
+
+
 def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
+    with _OldObjectsFrozen() as old_objects:
+        return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects)
+
+
+def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:
     recorder = _Recorder(gpu)
     fake_mode = tp.FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
+    old_objects.freeze()  # torch._dynamo, which FakeTensorMode imports on first use
     hooks = [
         torch.nn.modules.module.register_module_forward_pre_hook(recorder.pre_forward),
         torch.nn.modules.module.register_module_forward_hook(recorder.post_forward),
@@ -323,6 +381,7 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
                 raise
             except Exception as exc:
                 raise WorkloadError(f"building the model, optimizer or batch failed: {type(exc).__name__}: {exc}") from exc
+            old_objects.freeze(collect=True)  # the model, the optimizer, the libraries imported to build them
             _register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
             try:

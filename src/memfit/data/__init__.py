@@ -6,8 +6,9 @@ Importing ``memfit.data`` is cheap; each submodule loads torch, numpy or tifffil
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from memfit._lazy import load_export as _load_export
 
 _EXPORTS: dict[str, str] = {
     "RasterSource": "memfit.data.rasters",
@@ -34,9 +35,4 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'memfit.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _load_export(__name__, _EXPORTS, name)

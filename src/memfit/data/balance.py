@@ -180,8 +180,9 @@ def baseline_rank_costs(costs: Sequence[float] | np.ndarray, *, batch_size: int,
     costs = np.asarray(costs, dtype=np.float64)
     per_rank = []
     for rank in range(num_replicas):
-        sampler = torch.utils.data.DistributedSampler(
-            range(len(costs)), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed
+        # DistributedSampler only takes len() of its dataset: a range stands in for one
+        sampler: torch.utils.data.DistributedSampler[int] = torch.utils.data.DistributedSampler(
+            range(len(costs)), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed  # type: ignore[arg-type]
         )
         sampler.set_epoch(epoch)
         batches = list(torch.utils.data.BatchSampler(sampler, batch_size, drop_last=True))

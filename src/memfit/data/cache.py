@@ -178,7 +178,7 @@ def _write(path: Path, value: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
             f.flush()
             os.fsync(f.fileno())  # the rename must not land before the data does
         os.replace(tmp, path)

@@ -188,7 +188,9 @@ class PatchDataset(_torch_dataset_base()):  # type: ignore[misc]
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        self.patches = self.sampler.sample(self.shapes, self.foreground, count=self.samples_per_epoch, epoch=epoch)
+        self.patches = self.sampler.sample(
+            self.shapes, self.foreground, count=self.samples_per_epoch, epoch=epoch  # type: ignore[arg-type]  # 3-D
+        )
 
     def __len__(self) -> int:
         return self.samples_per_epoch

@@ -338,4 +338,4 @@ class RandomTileDataset(TileDataset):
         window["row"] = rng.integers(0, max(height - self.size_hw[0], 0) + 1)
         window["col"] = rng.integers(0, max(width - self.size_hw[1], 0) + 1)
         window["height"], window["width"] = self.size_hw
-        return window[()]
+        return window[()]  # type: ignore[return-value]  # one record of a 0-d structured array is an np.void
