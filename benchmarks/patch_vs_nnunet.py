@@ -63,7 +63,7 @@ def conv_output_elements(patch: tuple[int, ...]) -> int:
 
 
 def nnunet_rule(budget_gb: float) -> dict:
-    from memfit.plan import patch_ladder
+    from memfit.patch import patch_ladder
 
     reference = REFERENCE_3D * budget_gb / REFERENCE_GB
     for patch in patch_ladder(MEDIAN_SHAPE, MULTIPLE):
@@ -75,7 +75,7 @@ def nnunet_rule(budget_gb: float) -> dict:
 
 
 def predict(args: argparse.Namespace) -> None:
-    from memfit.plan import plan_patch
+    from memfit.patch import plan_patch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,8 @@ import torch
 
 from memfit import BudgetTooSmallError, estimate
 from memfit.models import UNet
-from memfit.plan import Plan, _Search, patch_ladder, plan, plan_patch
+from memfit.patch import patch_ladder, plan_patch
+from memfit.plan import Plan, _Search, plan
 from memfit.workload import Workload
 
 EFFECTIVE = 8

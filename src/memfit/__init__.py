@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "measure": "memfit.measure",
     "explain": "memfit.explain",
     "plan": "memfit.plan",
-    "plan_patch": "memfit.plan",
+    "plan_patch": "memfit.patch",
     "parse_oom_message": "memfit.oom_message",
     "diagnose_oom": "memfit.oom_message",
     "load_workload": "memfit.workload",

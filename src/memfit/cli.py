@@ -212,7 +212,7 @@ def plan(
 
         calibration = run_calibration(w)
     if patch:
-        from memfit.plan import plan_patch
+        from memfit.patch import plan_patch
 
         result = plan_patch(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=gpu, margin=margin,
                             calibration=calibration)
