@@ -15,7 +15,16 @@ from typing import Any
 from memfit.allocator import AllocatorConfig
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.gpus import GpuSpec, gpu_spec
-from memfit.plan import _MAX_VERIFY, DEFAULT_MARGIN, Candidate, Config, Plan, _Search, _verified
+from memfit.plan import (
+    _MAX_VERIFY,
+    DEFAULT_MARGIN,
+    Candidate,
+    Config,
+    Plan,
+    _check_budget,
+    _Search,
+    _verified,
+)
 from memfit.units import format_bytes
 from memfit.workload import Workload
 
@@ -57,6 +66,7 @@ def plan_patch(
     fit is verified by an estimate of exactly it, and the next larger one too when the line says it is close.
     """
     started = time.perf_counter()
+    _check_budget(budget_bytes, margin)
     if workload.patch_size is None:
         raise UsageError(
             f"{workload.name} has no patch_size: set Workload.patch_size (the largest patch, e.g. the median image "

@@ -374,10 +374,7 @@ def plan(
     eff = workload.effective_batch_size if effective_batch is None else effective_batch
     if isinstance(eff, bool) or not isinstance(eff, int) or eff < 1:
         raise UsageError(f"effective batch must be a positive integer, got {eff!r}.")
-    if not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise UsageError(f"budget must be a positive number of bytes, got {budget_bytes!r}.")
-    if not 0 <= margin < 0.5:
-        raise UsageError(f"margin must be in [0, 0.5), got {margin!r}.")
+    _check_budget(budget_bytes, margin)
     limit = int(budget_bytes * (1 - margin))
     search = _Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
     structures, models = _memory_models(search)
@@ -410,6 +407,13 @@ def plan(
         notes=notes,
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def _check_budget(budget_bytes: int, margin: float) -> None:
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise UsageError(f"budget must be a positive number of bytes, got {budget_bytes!r}.")
+    if not 0 <= margin < 0.5:
+        raise UsageError(f"margin must be in [0, 0.5), got {margin!r}.")
 
 
 def _memory_models(search: _Search) -> tuple[list[_Structure], dict[_Structure, _MemoryModel]]:
