@@ -80,3 +80,30 @@ def test_every_builtin_builds_a_workload():
     for name in builtin_names():
         w = builtin_workload(name)
         assert w.batch_size >= 1 and w.name
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"accumulation_steps": 0}, "accumulation_steps must be a positive integer"),
+        ({"checkpoint": "layers.0"}, "checkpoint must be a tuple of module names"),
+        ({"optimizer_impl": "fast"}, "optimizer_impl must be one of"),
+        ({"patch_size": (64, 0)}, "patch_size must be a tuple of positive integers"),
+        ({"patch_size": (64, 64), "patch_multiple": (16,)}, "one entry per patch axis"),
+    ],
+)
+def test_knob_fields_are_validated(changes, message):  # noqa: ANN001
+    from memfit import WorkloadError
+    from memfit.zoo import builtin_workload
+
+    with pytest.raises(WorkloadError, match=message):
+        builtin_workload("mlp").replace(**changes)
+
+
+def test_effective_batch_and_patch_batch():
+    from memfit.zoo import builtin_workload
+
+    w = builtin_workload("unet3d").replace(batch_size=2, accumulation_steps=3, patch_size=(32, 64, 32))
+    assert w.effective_batch_size == 6
+    x, y = w.make_batch(2)
+    assert tuple(x.shape) == (2, 4, 32, 64, 32) and tuple(y.shape) == (2, 32, 64, 32)
