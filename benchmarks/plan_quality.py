@@ -51,17 +51,18 @@ def _workload(model: str):  # noqa: ANN202
 
 def predict(args: argparse.Namespace) -> None:
     from memfit.estimate import estimate
-    from memfit.fixes import _model_facts
-    from memfit.plan import _checkpoint_options, plan
+    from memfit.fixes import model_facts
+    from memfit.knobs import checkpoint_choices
+    from memfit.plan import plan
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for model in args.models.split(","):
         w = _workload(model)
         eff = MODELS[model][1]
-        facts = _model_facts(w)
+        facts = model_facts(w)
         base = estimate(w.replace(batch_size=max(1, eff // 2), accumulation_steps=2), gpu=args.gpu)
-        options = [(), *_checkpoint_options(base, facts.blocks)]
+        options = [(), *checkpoint_choices(base.activations_by_module, facts.blocks)]
         biggest_est = estimate(w.replace(batch_size=eff, accumulation_steps=1), gpu=args.gpu)
         biggest = biggest_est.device_bytes
         smallest = estimate(w.replace(batch_size=1, accumulation_steps=eff, checkpoint=options[-1],

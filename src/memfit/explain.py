@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -119,7 +118,6 @@ _CATEGORY_WORDS = {
     "workspaces": "library workspaces",
     "fragmentation": "fragmentation",
 }
-_INDEX = re.compile(r"^\d+$")
 
 
 def explain(
@@ -202,21 +200,10 @@ def explain(
     )
 
 
-def _block_of(name: str) -> str:
-    """The block a module belongs to: its name up to the first list index (``decoder.2.0.conv`` -> ``decoder.2``)."""
-    parts = name.split(".")
-    for i, p in enumerate(parts):
-        if _INDEX.match(p):
-            return ".".join(parts[: i + 1])
-    return parts[0] if parts else name
-
-
 def block_memory(by_module: dict[str, int]) -> list[BlockMemory]:
-    out: dict[str, int] = {}
-    for name, nbytes in by_module.items():
-        key = name if name.startswith("(") else _block_of(name)
-        out[key] = out.get(key, 0) + nbytes
-    return [BlockMemory(n, b) for n, b in sorted(out.items(), key=lambda kv: -kv[1])]
+    from memfit.knobs import activations_by_block
+
+    return [BlockMemory(n, b) for n, b in activations_by_block(by_module).items()]
 
 
 def _parts(est: Estimate, blocks: list[BlockMemory]) -> list[Part]:

@@ -8,6 +8,7 @@ estimated by the same ``estimate()`` the user runs, so a fix's predicted peak is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -69,19 +70,28 @@ class FixContext:
             )
         return self.cache[key]
 
+    @functools.cached_property
+    def base_step_s(self) -> float | None:
+        """Predicted step time of the workload as it is (once, not per fix)."""
+        from memfit.speed import predict_step_time
+
+        if self.base.cost is None:
+            return None
+        return predict_step_time(self.base.cost, self.gpu, accumulation=self.workload.accumulation_steps).step_time_s
+
 
 _COST_ORDER = {"no": 0, "numerics": 1, "semantics": 2}
 
 
 @dataclass(frozen=True)
-class _ModelFacts:
+class ModelFacts:
     has_batchnorm: bool
     has_conv: bool
     blocks: tuple[str, ...]
     optimizer_impls: tuple[str, ...]
 
 
-def _model_facts(workload: Workload) -> _ModelFacts:
+def model_facts(workload: Workload) -> ModelFacts:
     """What the fixes need to know about the model, from building it on the meta device (no memory)."""
     import torch
 
@@ -92,11 +102,11 @@ def _model_facts(workload: Workload) -> _ModelFacts:
             model = workload.model()
             impls = tuple(optimizer_impls_for(workload.optimizer(model.parameters())))
     except Exception:  # a factory that cannot build on meta: offer only the fixes that need no model facts
-        return _ModelFacts(False, False, (), ())
+        return ModelFacts(False, False, (), ())
     norm_types = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
     conv_types = (torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
     mods = list(model.modules())
-    return _ModelFacts(
+    return ModelFacts(
         has_batchnorm=any(isinstance(m, norm_types) for m in mods),
         has_conv=any(isinstance(m, conv_types) for m in mods),
         blocks=tuple(checkpoint_candidates(model)),
@@ -121,10 +131,10 @@ def _time_factor(ctx: FixContext, est: Estimate, changes: dict[str, Any]) -> flo
     """Predicted step time with the fix over the current one's, from the speed model (same effective batch)."""
     from memfit.speed import predict_step_time
 
-    if ctx.base.cost is None or est.cost is None:
+    t0 = ctx.base_step_s
+    if t0 is None or est.cost is None:
         return None
     w = ctx.workload
-    t0 = predict_step_time(ctx.base.cost, ctx.gpu, accumulation=w.accumulation_steps).step_time_s
     acc = changes.get("accumulation_steps", w.accumulation_steps)
     t1 = predict_step_time(est.cost, ctx.gpu, accumulation=acc).step_time_s
     if "patch_size" in changes:  # per voxel: a smaller patch does less work per step for the same data
@@ -136,7 +146,7 @@ def _time_factor(ctx: FixContext, est: Estimate, changes: dict[str, Any]) -> flo
 
 def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
     w = ctx.workload
-    facts = _model_facts(w)
+    facts = model_facts(w)
     fixes: list[Fix] = []
 
     def attempt(changes: dict[str, Any], **fields: Any) -> Fix | None:
@@ -227,28 +237,14 @@ def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
     return sorted(fixes, key=lambda f: -f.saving_bytes)
 
 
-def _checkpoint_fixes(ctx: FixContext, facts: _ModelFacts, attempt: Any) -> None:
-    from memfit.explain import block_memory
+def _checkpoint_fixes(ctx: FixContext, facts: ModelFacts, attempt: Any) -> None:
+    from memfit.knobs import checkpoint_choices
 
-    held = {b.name: b.nbytes for b in block_memory(ctx.base.activations_by_module)}
-    ranked = sorted((b for b in facts.blocks if held.get(b, 0) > 0), key=lambda b: -held[b])
-    if not ranked:
-        return
-    total = sum(held[b] for b in ranked)
-    # the fewest blocks that hold half of the blocks' activations, then all of them
-    top, acc = [], 0
-    for b in ranked:
-        top.append(b)
-        acc += held[b]
-        if acc >= total / 2:
-            break
-    choices = [top] if len(top) < len(ranked) else []
-    choices.append(ranked)
-    for chosen in choices:
-        order = [b for b in facts.blocks if b in chosen]  # forward order reads better
-        label = f"all {len(order)} blocks" if len(order) == len(ranked) else _list_names(order)
+    choices = checkpoint_choices(ctx.base.activations_by_module, facts.blocks)
+    for order in choices:
+        label = f"all {len(order)} blocks" if order == choices[-1] else _list_names(list(order))
         attempt(
-            {"checkpoint": tuple(order)},
+            {"checkpoint": order},
             name=f"activation checkpointing of {label}",
             knob="checkpointing",
             speed_cost="about one more forward of the checkpointed blocks (+20-35 % step time when all are)",

@@ -82,6 +82,42 @@ def checkpoint_candidates(model: torch.nn.Module) -> list[str]:
     return blocks
 
 
+def block_of(name: str) -> str:
+    """The block a module belongs to: its name up to the first list index (``decoder.2.0.conv`` -> ``decoder.2``)."""
+    parts = name.split(".")
+    for i, p in enumerate(parts):
+        if _INDEX.match(p):
+            return ".".join(parts[: i + 1])
+    return parts[0] if parts else name
+
+
+def activations_by_block(by_module: dict[str, int]) -> dict[str, int]:
+    """``Estimate.activations_by_module`` summed per block, largest first (``(loss)``-style names kept)."""
+    out: dict[str, int] = {}
+    for name, nbytes in by_module.items():
+        key = name if name.startswith("(") else block_of(name)
+        out[key] = out.get(key, 0) + nbytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def checkpoint_choices(by_module: dict[str, int], blocks: Iterable[str]) -> list[tuple[str, ...]]:
+    """What to checkpoint: the fewest blocks holding half of the blocks' activations (heaviest first), then all
+    blocks that hold any; each in forward order, without repeats."""
+    order = list(blocks)
+    held = activations_by_block(by_module)
+    ranked = sorted((b for b in order if held.get(b, 0) > 0), key=lambda b: -held[b])
+    if not ranked:
+        return []
+    total, acc, half = sum(held[b] for b in ranked), 0, []
+    for b in ranked:
+        half.append(b)
+        acc += held[b]
+        if acc >= total / 2:
+            break
+    in_order = [tuple(b for b in order if b in chosen) for chosen in (set(half), set(ranked))]
+    return list(dict.fromkeys(in_order))
+
+
 def set_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
     """Rebuild ``optimizer`` with the same parameter groups and settings but another implementation.
 

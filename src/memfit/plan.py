@@ -424,10 +424,11 @@ def _memory_models(search: _Search) -> tuple[list[_Structure], dict[_Structure, 
     accumulation), then each checkpointing choice at the larger size. The optimizer is fused where the optimizer
     supports it: fused needs no temporaries and launches the fewest kernels, so it dominates foreach and for-loop.
     """
-    from memfit.fixes import _model_facts
+    from memfit.fixes import model_facts
+    from memfit.knobs import checkpoint_choices
 
     w, eff = search.workload, search.effective
-    facts = _model_facts(w)
+    facts = model_facts(w)
     opt = w.optimizer_impl
     if opt in ("default", "foreach") and "fused" in facts.optimizer_impls:
         opt = "fused"
@@ -448,7 +449,7 @@ def _memory_models(search: _Search) -> tuple[list[_Structure], dict[_Structure, 
             models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
                                         mid.fits_in_bytes / mid.peak_allocated_bytes, b_lo)
             structures.append(base)
-            for blocks in _checkpoint_options(mid, facts.blocks):
+            for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
                 s = dataclasses.replace(base, checkpoint=blocks)
                 e = search.estimate(s.config(b_mid, eff))
                 fb, other = _phase_peaks(e)
@@ -459,43 +460,26 @@ def _memory_models(search: _Search) -> tuple[list[_Structure], dict[_Structure, 
     return structures, models
 
 
-def _checkpoint_options(est: Estimate, blocks: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """The fewest blocks holding half of the blocks' activations (heaviest first), and all of them."""
-    from memfit.explain import block_memory
-
-    held = {b.name: b.nbytes for b in block_memory(est.activations_by_module)}
-    ranked = sorted((b for b in blocks if held.get(b, 0) > 0), key=lambda b: -held[b])
-    if not ranked:
-        return []
-    total, acc, half = sum(held[b] for b in ranked), 0, []
-    for b in ranked:
-        half.append(b)
-        acc += held[b]
-        if acc >= total / 2:
-            break
-    in_order = [tuple(b for b in blocks if b in chosen) for chosen in (set(half), set(ranked))]
-    return list(dict.fromkeys(in_order))
-
-
 def _score(search: _Search, model: _MemoryModel, config: Config) -> Candidate:
+    """The candidate with the memory line's prediction, or the estimate's where this exact config has one."""
     est = search.estimates.get(config)
-    fits_in = est.fits_in_bytes if est is not None else model.fits_in(config.micro_batch)
+    if est is not None:
+        return _candidate(search, config, est.fits_in_bytes, verified=True)
+    return _candidate(search, config, model.fits_in(config.micro_batch), verified=False)
+
+
+def _verified(search: _Search, config: Config) -> Candidate:
+    """The candidate from an estimate of exactly ``config`` (run now if it was not yet)."""
+    return _candidate(search, config, search.estimate(config).fits_in_bytes, verified=True)
+
+
+def _candidate(search: _Search, config: Config, fits_in: int, *, verified: bool) -> Candidate:
     device = fits_in + search.context_bytes
     t = search.step_time(config)
     return Candidate(
         config=config, device_bytes=device, fits_in_bytes=fits_in, step_time_s=t,
-        samples_per_s=config.effective_batch / t if t else None, verified=est is not None,
+        samples_per_s=config.effective_batch / t if t else None, verified=verified,
         fits=device <= search.limit_bytes,
-    )
-
-
-def _verified(search: _Search, config: Config) -> Candidate:
-    est = search.estimate(config)
-    t = search.step_time(config)
-    return Candidate(
-        config=config, device_bytes=est.device_bytes, fits_in_bytes=est.fits_in_bytes, step_time_s=t,
-        samples_per_s=config.effective_batch / t if t else None, verified=True,
-        fits=est.device_bytes <= search.limit_bytes,
     )
 
 
