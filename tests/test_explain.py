@@ -9,6 +9,8 @@ from memfit import estimate
 from memfit.allocator import AllocatorConfig
 from memfit.explain import explain
 from memfit.models import UNet
+from memfit.patch import patch_ladder
+from memfit.plan import DEFAULT_MARGIN
 from memfit.workload import Workload
 from memfit.zoo import builtin_workload
 
@@ -67,6 +69,24 @@ def test_budget_that_binds_gets_a_fix_or_a_combination_that_fits():
     assert e.fits_budget is False
     fitting = [f for f in e.fixes if f.fits_budget] + ([e.combination] if e.combination else [])
     assert fitting and all(f.device_bytes <= budget for f in fitting)
+
+
+def test_patch_fix_is_the_largest_patch_on_the_ladder_that_fits_the_budget():
+    w = small_unet(batch_size=2).replace(
+        batch=lambda n, patch: (torch.randn(n, 3, *patch), torch.randint(0, 2, (n, *patch))),
+        patch_size=(384, 256), patch_multiple=(4, 4),
+    )
+    big = estimate(w)
+    budget = big.device_bytes - big.fits_in_bytes + int(big.fits_in_bytes * 0.7)
+    fix = next(f for f in explain(w, budget_bytes=budget).fixes if f.knob == "patch")
+    patch = tuple(fix.changes["patch_size"])
+    ladder = patch_ladder((384, 256), (4, 4))
+    assert fix.fits_budget and patch in ladder and patch != (384, 256)
+    # the next larger rung is predicted not to fit (with plan's margin): no needlessly small patch
+    assert estimate(w.replace(patch_size=ladder[ladder.index(patch) - 1])).device_bytes > budget * (1 - DEFAULT_MARGIN)
+    # without a budget: the first rung with at most half the voxels
+    half = next(f for f in explain(w).fixes if f.knob == "patch").changes["patch_size"]
+    assert tuple(half) == next(p for p in ladder if p[0] * p[1] <= 384 * 256 / 2)
 
 
 def test_impossible_budget_says_what_the_model_state_needs():

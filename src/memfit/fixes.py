@@ -224,7 +224,7 @@ def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
         ))
     # 7. a smaller patch, where the workload says how to make one
     if w.patch_size is not None:
-        smaller = _smaller_patch(w.patch_size, w.patch_multiple)
+        smaller = _smaller_patch(ctx)
         if smaller is not None:
             attempt(
                 {"patch_size": smaller},
@@ -259,12 +259,26 @@ def _list_names(names: list[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _smaller_patch(patch: tuple[int, ...], multiple: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """About half the volume: each axis scaled by 2^(-1/ndim), rounded down to its divisibility step."""
-    steps = multiple or (1,) * len(patch)
-    scale = 0.5 ** (1 / len(patch))
-    out = tuple(max(m, int(p * scale) // m * m) for p, m in zip(patch, steps, strict=True))
-    return out if out != patch else None
+def _smaller_patch(ctx: FixContext) -> tuple[int, ...] | None:
+    """With a budget, the largest patch on nnU-Net's ladder whose step fits it at the workload's batch
+    (``memfit.patch.plan_patch``); without one, or when none fits, the first rung with at most half the voxels."""
+    import math
+
+    from memfit.patch import patch_ladder, plan_patch
+
+    w = ctx.workload
+    assert w.patch_size is not None
+    if ctx.budget_bytes is not None:
+        try:
+            found = plan_patch(w, budget_bytes=ctx.budget_bytes, effective_batch=w.batch_size, gpu=ctx.gpu,
+                               allocator=ctx.allocator, min_batch=1).chosen.config.patch_size
+        except MemfitError as exc:  # no patch on the ladder fits: offer the half-volume one
+            logger.info("no patch fits the budget: %s", exc)
+        else:
+            if found is not None and found != w.patch_size:
+                return found
+    ladder = patch_ladder(w.patch_size, w.patch_multiple or (1,) * len(w.patch_size))
+    return next((p for p in ladder if math.prod(p) <= math.prod(w.patch_size) / 2), None)
 
 
 def combine_fixes(ctx: FixContext, fixes: list[Fix]) -> Fix | None:

@@ -119,6 +119,10 @@ def plan_patch(
             if not inside:
                 inside = [min(miss + 1, len(ladder) - 1)] if fit is None else [fit - 1]
             nxt = inside[0]
+            if fit is not None and len(need) > 3:
+                # memory rises in allocator-sized steps, so the line creeps towards the end of the bracket that
+                # fits: once the line has had its try, halve the bracket instead
+                nxt = (miss + fit) // 2
             if nxt in need:
                 break
             evaluate(nxt)
