@@ -67,10 +67,9 @@ def _build(workload: str, micro: int, variant: str):  # noqa: ANN202
     elif variant != "none":
         raise ValueError(variant)
     dtype = autocast_dtype(w.precision)
-    early = (torch.utils.checkpoint.set_checkpoint_early_stop(False) if variant == "no-early-stop"
-             else contextlib.nullcontext())
-
     def micro_batch() -> None:
+        early = (torch.utils.checkpoint.set_checkpoint_early_stop(False) if variant == "no-early-stop"
+                 else contextlib.nullcontext())  # a fresh context each call: it is a one-shot generator
         with early:
             ctx = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
             with ctx:
