@@ -118,7 +118,7 @@ def _changes(config: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
 
 
-def time_config(w, config: dict) -> dict:  # noqa: ANN001
+def time_config(w, config: dict, repeats: int | None = None) -> dict:  # noqa: ANN001
     """Micro-batch time and optimizer time of one configuration (in this process)."""
     import contextlib
 
@@ -148,7 +148,7 @@ def time_config(w, config: dict) -> dict:  # noqa: ANN001
     opt()  # optimizer state exists from here on
     micro()
     torch.cuda.synchronize()
-    t_micro = _cuda_time(micro, 5 if cw.batch_size <= 8 else 3)
+    t_micro = _cuda_time(micro, repeats or (5 if cw.batch_size <= 8 else 3))
     t_opt = _cuda_time(opt, 3)
     return {"micro_s": t_micro, "optimizer_s": t_opt,
             "step_s": cw.accumulation_steps * t_micro + t_opt,
@@ -276,6 +276,55 @@ def verify(args: argparse.Namespace) -> None:
              "date": dt.date.today().isoformat(), "runs": runs}, indent=1))
 
 
+def retime(args: argparse.Namespace) -> None:
+    """Time each plan's choice again beside the grid's fastest fitting configurations, interleaved.
+
+    The grid times each configuration once (median of 3-5 micro-batches). Where many configurations do the same
+    work (the optimizer variants at 8 micro-batches per step), the largest of their noisy timings overstates the
+    best; this stage times the plan's choice and the grid's ``--top`` fastest fitting ones per budget again, in
+    ``--rounds`` interleaved rounds of ``--repeats`` micro-batches each, in one process, and compares medians.
+    """
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for model in args.models.split(","):
+        pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
+        grid = json.loads((Path(args.grid) / f"plan_quality_{model}.json").read_text())["grid"]
+        w = _workload(model)
+
+        def key(cfg: dict) -> str:
+            return json.dumps({k: cfg[k] for k in ("batch_size", "accumulation_steps", "checkpoint",
+                                                   "optimizer_impl", "channels_last")}, sort_keys=True)
+
+        configs: dict[str, dict] = {}
+        budgets = []
+        for i, entry in enumerate(pred["plans"]):
+            fitting = sorted((r for r in grid if r["fits"][i] and r.get("time")),
+                             key=lambda r: -r["time"]["samples_per_s"])[: args.top]
+            plan_cfg = {k: v for k, v in _plan_changes(entry["plan"]["chosen"]["config"]).items() if k != "precision"}
+            for cfg in [plan_cfg, *(r["config"] for r in fitting)]:
+                configs.setdefault(key(cfg), cfg)
+            budgets.append({"budget_bytes": pred["budgets"][i], "plan": key(plan_cfg),
+                            "grid_top": [key(r["config"]) for r in fitting]})
+        times: dict[str, list[float]] = {k: [] for k in configs}
+        for _ in range(args.rounds):
+            for k, cfg in configs.items():
+                _clean()
+                times[k].append(time_config(w, cfg, repeats=args.repeats)["samples_per_s"])
+        median = {k: statistics.median(v) for k, v in times.items()}
+        for b in budgets:
+            best = max(b["grid_top"], key=lambda k: median[k])
+            b.update(plan_samples_per_s=median[b["plan"]], best=best, best_samples_per_s=median[best],
+                     ratio=median[b["plan"]] / median[best])
+            print(f"{model} {b['budget_bytes'] / 2**30:.2f} GiB: plan {median[b['plan']]:.1f} vs best "
+                  f"{median[best]:.1f} samples/s ({100 * b['ratio']:.1f} %)", flush=True)
+        (out / f"plan_retime_{model}.json").write_text(json.dumps(
+            {"model": model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+             "cuda": torch.version.cuda, "date": dt.date.today().isoformat(), "rounds": args.rounds,
+             "repeats": args.repeats, "configs": configs, "samples_per_s": times, "budgets": budgets}, indent=1))
+
+
 def _plan_changes(config: dict) -> dict:
     return {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
             "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
@@ -359,16 +408,20 @@ def _lightning(w, effective: int, cap: int) -> dict:  # noqa: ANN001
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("stage", choices=("predict", "measure", "verify"))
+    parser.add_argument("stage", choices=("predict", "measure", "verify", "retime"))
     parser.add_argument("--out", default="out")
     parser.add_argument("--predictions", default=str(HERE / "results" / "plan_predictions"))
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--lightning", action="store_true")
+    parser.add_argument("--grid", default=str(HERE / "results" / "plan_quality_h200_20261126"))
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    {"predict": predict, "measure": measure, "verify": verify}[args.stage](args)
+    {"predict": predict, "measure": measure, "verify": verify, "retime": retime}[args.stage](args)
 
 
 if __name__ == "__main__":
