@@ -325,6 +325,89 @@ def retime(args: argparse.Namespace) -> None:
              "repeats": args.repeats, "configs": configs, "samples_per_s": times, "budgets": budgets}, indent=1))
 
 
+def _micro_and_opt(w, config: dict):  # noqa: ANN001, ANN202
+    """A built configuration's micro-batch and optimizer step, warmed up (as ``time_config`` runs them)."""
+    import contextlib
+
+    import torch
+
+    from memfit.protocol import autocast_dtype, build
+
+    cw = w.replace(**_changes(config))
+    model, optimizer, batch = build(cw, "cuda")
+    scaler = torch.amp.GradScaler("cuda") if cw.precision == "fp16" else None
+    dtype = autocast_dtype(cw.precision)
+
+    def micro() -> None:
+        ctx = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        with ctx:
+            loss = cw.loss(cw.run_forward(model, batch), batch) / cw.accumulation_steps
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def opt() -> None:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    micro()
+    opt()
+    micro()
+    torch.cuda.synchronize()
+    return cw, micro, opt
+
+
+def paired(args: argparse.Namespace) -> None:
+    """The plan against each of the grid's fastest fitting rivals, both built at once and timed alternately.
+
+    For each budget and rival: ``--repeats`` pairs of one plan micro-batch then one rival micro-batch (CUDA
+    events), so drifts of the host's speed over seconds hit both alike; each pair gives a throughput ratio
+    (step = accumulation × micro-batch + the optimizer's median), and the result is the median over pairs.
+    """
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for model in args.models.split(","):
+        pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
+        grid = json.loads((Path(args.grid) / f"plan_quality_{model}.json").read_text())["grid"]
+        w = _workload(model)
+        budgets = []
+        for i, entry in enumerate(pred["plans"]):
+            plan_cfg = {k: v for k, v in _plan_changes(entry["plan"]["chosen"]["config"]).items() if k != "precision"}
+            rivals = [r["config"] for r in sorted((r for r in grid if r["fits"][i] and r.get("time")),
+                                                  key=lambda r: -r["time"]["samples_per_s"])[: args.top]
+                      if _changes(r["config"]) != _changes(plan_cfg)]
+            _clean()
+            pw, p_micro, p_opt = _micro_and_opt(w, plan_cfg)
+            p_opt_s = _cuda_time(p_opt, 5)
+            rows = []
+            for rival in rivals:
+                rw, r_micro, r_opt = _micro_and_opt(w, rival)
+                r_opt_s = _cuda_time(r_opt, 5)
+                ratios = []
+                for _ in range(args.repeats):
+                    tp, tr = _cuda_time(p_micro, 1), _cuda_time(r_micro, 1)
+                    sp = pw.effective_batch_size / (pw.accumulation_steps * tp + p_opt_s)
+                    sr = rw.effective_batch_size / (rw.accumulation_steps * tr + r_opt_s)
+                    ratios.append(sp / sr)
+                rows.append({"rival": rival, "ratio_median": statistics.median(ratios),
+                             "ratio_quartiles": statistics.quantiles(ratios, n=4), "pairs": len(ratios)})
+                del rw, r_micro, r_opt
+                _clean()
+            worst = min(rows, key=lambda r: r["ratio_median"]) if rows else None
+            budgets.append({"budget_bytes": pred["budgets"][i], "plan": plan_cfg, "rivals": rows,
+                            "worst_ratio": worst["ratio_median"] if worst else 1.0})
+            print(f"{model} {pred['budgets'][i] / 2**30:.2f} GiB: plan / fastest rival, paired: "
+                  f"{100 * budgets[-1]['worst_ratio']:.1f} %", flush=True)
+            del pw, p_micro, p_opt
+        (out / f"plan_paired_{model}.json").write_text(json.dumps(
+            {"model": model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+             "cuda": torch.version.cuda, "date": dt.date.today().isoformat(), "repeats": args.repeats,
+             "budgets": budgets}, indent=1))
+
+
 def _plan_changes(config: dict) -> dict:
     return {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
             "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
@@ -408,7 +491,7 @@ def _lightning(w, effective: int, cap: int) -> dict:  # noqa: ANN001
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("stage", choices=("predict", "measure", "verify", "retime"))
+    parser.add_argument("stage", choices=("predict", "measure", "verify", "retime", "paired"))
     parser.add_argument("--out", default="out")
     parser.add_argument("--predictions", default=str(HERE / "results" / "plan_predictions"))
     parser.add_argument("--models", default=",".join(MODELS))
@@ -421,7 +504,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    {"predict": predict, "measure": measure, "verify": verify, "retime": retime}[args.stage](args)
+    {"predict": predict, "measure": measure, "verify": verify, "retime": retime, "paired": paired}[args.stage](args)
 
 
 if __name__ == "__main__":

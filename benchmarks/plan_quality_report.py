@@ -109,6 +109,37 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+def retime_markdown(paths: list[Path]) -> str:
+    """The ``retime`` stage's runs: per budget the plan against each of the grid's fastest fitting configurations,
+    timed in the same interleaved rounds. ``median ratio`` is the ratio of medians; ``paired`` the median over
+    rounds of plan / rival in the same round (the machine's speed drifts between rounds, and pairing cancels it),
+    against the rival it fares worst with."""
+    import statistics
+
+    lines = []
+    for path in paths:
+        d = json.loads(path.read_text())
+        sps = d["samples_per_s"]
+        lines += [f"### {d['model']}: {d['rounds']} rounds × {d['repeats']} micro-batches — {d['gpu']}, "
+                  f"torch {d['torch']}, {d['date']} (`{path.parent.name}/{path.name}`)", "",
+                  "| budget | plan | plan samples/s (median) | fastest rival by median | ratio of medians "
+                  "| paired ratio, worst rival | round-to-round spread of the plan |", "|---|---|---|---|---|---|---|"]
+        for b in d["budgets"]:
+            plan = sps[b["plan"]]
+            rivals = [k for k in b["grid_top"] if k != b["plan"]]
+            paired = {k: statistics.median(p / r for p, r in zip(plan, sps[k], strict=True)) for k in rivals}
+            worst = min(paired, key=paired.get) if paired else None
+            best = max(b["grid_top"], key=lambda k: statistics.median(sps[k]))
+            lines.append(
+                f"| {b['budget_bytes'] / 2**30:.2f} GiB | {_label(_key(json.loads(b['plan'])))} | "
+                f"{statistics.median(plan):.1f} | {_label(_key(json.loads(best)))} ({statistics.median(sps[best]):.1f})"
+                f" | {statistics.median(plan) / statistics.median(sps[best]):.1%} | "
+                + (f"{paired[worst]:.1%} ({_label(_key(json.loads(worst)))})" if worst else "—")
+                + f" | {min(plan):.0f}–{max(plan):.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--predictions", required=True)
@@ -116,7 +147,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--name", default="plan_quality_h200_20261126")
     parser.add_argument("--replanned", action="store_true")
+    parser.add_argument("--retime", nargs="*", default=[], help="plan_retime_*.json files: print their table")
     args = parser.parse_args()
+    if args.retime:
+        print(retime_markdown([Path(p) for p in args.retime]))
+        return
     r = report(Path(args.predictions), Path(args.measurements), replanned=args.replanned)
     Path(args.out, f"{args.name}.json").write_text(json.dumps(r, indent=1))
     Path(args.out, f"{args.name}.md").write_text(markdown(r))
