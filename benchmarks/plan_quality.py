@@ -120,34 +120,7 @@ def _changes(config: dict) -> dict:
 
 def time_config(w, config: dict, repeats: int | None = None) -> dict:  # noqa: ANN001
     """Micro-batch time and optimizer time of one configuration (in this process)."""
-    import contextlib
-
-    import torch
-
-    from memfit.protocol import autocast_dtype, build
-
-    cw = w.replace(**_changes(config))
-    model, optimizer, batch = build(cw, "cuda")
-    scaler = torch.amp.GradScaler("cuda") if cw.precision == "fp16" else None
-    dtype = autocast_dtype(cw.precision)
-
-    def micro() -> None:
-        ctx = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
-        with ctx:
-            loss = cw.loss(cw.run_forward(model, batch), batch) / cw.accumulation_steps
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-
-    def opt() -> None:
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-
-    micro()
-    opt()  # optimizer state exists from here on
-    micro()
-    torch.cuda.synchronize()
+    cw, micro, opt = _micro_and_opt(w, config)
     t_micro = _cuda_time(micro, repeats or (5 if cw.batch_size <= 8 else 3))
     t_opt = _cuda_time(opt, 3)
     return {"micro_s": t_micro, "optimizer_s": t_opt,
