@@ -140,6 +140,66 @@ def test_copied_steps_equal_traced_steps():
     assert smallest_fitting_capacity(full.events()) == smallest_fitting_capacity(fast.events())
 
 
+def _traced_without_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
+    import memfit.trace as tr
+
+    with monkeypatch.context() as m:
+        m.setattr(tr, "_replay_forward_backward", lambda *a: False)
+        return trace_workload(w, GPU, steps=3)
+
+
+def _same_trace(a, b) -> None:  # noqa: ANN001
+    assert a.events() == b.events() and a.phase_marks == b.phase_marks
+    assert a.op_costs == b.op_costs and a.cost_marks == b.cost_marks
+    assert [(x.op, x.module, x.phase, x.step, x.category) for x in a.allocs] == [
+        (x.op, x.module, x.phase, x.step, x.category) for x in b.allocs
+    ]
+
+
+@pytest.mark.parametrize("changes", [
+    {},  # cuBLAS: its workspaces are made in the first step only
+    {"accumulation_steps": 2, "optimizer": lambda p: torch.optim.AdamW(p, lr=1e-3)},
+    {"precision": "bf16", "model": lambda: torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Dropout(0.1))},
+])
+def test_second_step_copied_from_the_first_equals_it_traced(monkeypatch, changes):  # noqa: ANN001
+    import memfit.trace as tr
+
+    calls = []
+    original = tr._replay_forward_backward
+    monkeypatch.setattr(tr, "_replay_forward_backward", lambda *a: calls.append(original(*a)) or calls[-1])
+    w = _linear_workload(**changes)
+    copied = trace_workload(w, GPU, steps=3)
+    assert calls == [False, True]  # step 1 traced, step 2's forward and backward copied
+    _same_trace(copied, _traced_without_replay(w, monkeypatch))
+
+
+class _Remembers(torch.nn.Module):
+    """Keeps a tensor made in its first forward: the second step does not make it again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(1024, 1024)
+        self.cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            self.cache = torch.ones(1024, 1024)
+        return self.lin(x) + self.cache[0]
+
+
+@pytest.mark.parametrize("changes", [{"model": _Remembers}, {"precision": "fp16"}])
+def test_a_first_step_that_leaves_more_than_grads_is_traced_again(monkeypatch, changes):  # noqa: ANN001
+    import memfit.trace as tr
+
+    calls = []
+    original = tr._replay_forward_backward
+    monkeypatch.setattr(tr, "_replay_forward_backward", lambda *a: calls.append(original(*a)) or calls[-1])
+    w = _linear_workload(**changes)
+    traced = trace_workload(w, GPU, steps=3)
+    assert calls == [False, False]  # GradScaler's scale and the cache are made once, in the first backward/forward
+    _same_trace(traced, _traced_without_replay(w, monkeypatch))
+
+
 def test_never_allocates_real_memory_for_a_big_3d_unet():
     import resource
 

@@ -103,6 +103,15 @@ class OpCounter:
         self._pending = 0
         self.marks.append((len(self.rows), name, step))
 
+    def splice(self, rows: list[OpCost], marks: list[tuple[int, str, int]]) -> None:
+        """Append rows copied from an earlier step, with their phase marks (row indices relative to ``rows``)."""
+        if self.active and self._pending:
+            self.rows.append(OpCost(0, None, 0, 0, self._pending))
+        self._pending = 0
+        offset = len(self.rows)
+        self.marks.extend((offset + at, name, step) for at, name, step in marks)
+        self.rows.extend(rows)
+
     def module_call(self) -> None:
         if self.active:
             self._pending += 1

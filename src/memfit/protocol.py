@@ -94,12 +94,14 @@ def run_steps(
     steps: int = DEFAULT_STEPS,
     phase: PhaseCallback = _no_phase,
     micro_batches: int | None = None,
+    replay: Callable[[int], bool] | None = None,
 ) -> None:
     """Run ``steps`` training steps; ``phase(name, step)`` is called as each phase begins.
 
     Each step runs ``accumulation_steps`` micro-batches (``micro_batches`` overrides it: the tracer runs two,
     because micro-batches from the second on repeat each other) on the same placed batch, as a loader that yields
-    micro-batches would.
+    micro-batches would. ``replay(step)``, called after ``zero_grad``, may account for the step's forward and
+    backward itself (the tracer copies an earlier step's) and return True: the step then goes on to the optimizer.
     """
     dtype = autocast_dtype(workload.precision)
     micro = workload.accumulation_steps if micro_batches is None else micro_batches
@@ -107,7 +109,7 @@ def run_steps(
         phase("zero_grad", step)
         # set_to_none frees last step's grads before forward, keeping them out of the activation peak
         optimizer.zero_grad(set_to_none=True)
-        for _ in range(micro):
+        for _ in range(0 if replay is not None and replay(step) else micro):
             phase("forward", step)
             ctx = torch.autocast(autocast_device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
             with ctx:

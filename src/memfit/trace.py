@@ -123,6 +123,10 @@ class _Recorder(tp.TorchDispatchMode):
         self._workspace_threads: set[str] = set()
         self._warned_item = False
         self.closed = False
+        self.silent = False
+        """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
+        self.grad_keys: list[tuple[int, int]] | None = None
+        """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
@@ -179,6 +183,8 @@ class _Recorder(tp.TorchDispatchMode):
     # ---------------------------------------------------------- dispatch hook
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.silent:
+            return func(*args, **kwargs)
         name = func._schema.name.split("::")[-1]
         if name in _CUBLAS_OPS:
             self._maybe_cublas_workspace()
@@ -390,6 +396,7 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
                     phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
                     # micro-batch 2 runs with the grads alive, and every later one repeats it exactly
                     micro_batches=min(workload.accumulation_steps, 2),
+                    replay=functools.partial(_replay_forward_backward, recorder, optimizer),
                 )
             except (TraceError, WorkloadError):
                 raise
@@ -475,9 +482,100 @@ def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torc
 
 
 def _on_phase(recorder: _Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
+    if name == "optimizer" and step == 0:
+        recorder.grad_keys = _grad_keys(recorder, optimizer)
     if recorder.phase == "optimizer":
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     recorder.mark(value, "optimizer_state")
     recorder.set_phase(name, step)
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tuple[int, int]] | None:
+    """Which allocation holds each parameter's grad; None if one is not a plain tracked tensor of its own."""
+    found = []
+    for i, p in enumerate(_params(optimizer)):
+        if p.grad is None:
+            continue
+        key = recorder._live.get(p.grad.untyped_storage()) if p.grad.layout == torch.strided else None
+        if key is None or recorder.trace.allocs[key].nbytes != p.numel() * p.element_size():
+            return None
+        found.append((i, key))
+    return found if len({k for _, k in found}) == len(found) else None
+
+
+def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int) -> bool:
+    """Account for the forward and backward of ``step`` by copying the first step's instead of tracing them.
+
+    The first step's forward and backward dispatch every op for the first time, and cost twice what later steps
+    do; the second step runs them again only to put the same allocations in the stream with the optimizer state
+    alive. They are the same allocations if what the first step's forward and backward leave behind is the
+    grads (which ``zero_grad`` has just freed) and the cuBLAS workspaces (made once per thread, not again), and
+    they free nothing made before them. Then the events, phase marks and op costs are copied, the grads are made
+    again without a trace (the optimizer reads them), under the keys of the copied grads, and the step goes on to
+    its optimizer. Otherwise (False) the step is traced as usual.
+    """
+    if step == 0 or recorder.grad_keys is None:
+        return False
+    trace = recorder.trace
+    marks = trace.phase_marks
+    start = next(at for at, name, s in marks if name == "forward" and s == 0)
+    end = next(at for at, name, s in marks if name == "optimizer" and s == 0)
+    zero_grad = next(at for at, name, s in marks if name == "zero_grad" and s == step)
+    born: set[int] = set()
+    alive: set[int] = set()
+    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+        if o > 0:
+            born.add(k)
+            alive.add(k)
+        elif k in born:
+            alive.discard(k)
+        else:
+            return False  # frees something made before it: the next step may find another
+    grads = dict(recorder.grad_keys)
+    workspaces = {k for k in alive if trace.allocs[k].op == "cublas_workspace"}
+    freed_by_zero_grad = {k for o, k in zip(trace.ops[zero_grad:], trace.keys[zero_grad:], strict=True) if o < 0}
+    if alive - workspaces != set(grads.values()) or freed_by_zero_grad != set(grads.values()):
+        return False
+    # the events, renamed; cuBLAS's workspaces exist already
+    renamed: dict[int, int] = {}
+    moved: list[int] = []  # the copy's index of each event of the first step
+    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+        moved.append(len(trace.ops))
+        if k in workspaces:
+            continue
+        if o > 0:
+            renamed[k] = len(trace.allocs)
+            trace.allocs.append(dataclasses.replace(trace.allocs[k], step=step))
+        trace.ops.append(o)
+        trace.keys.append(renamed[k])
+    moved.append(len(trace.ops))
+    copied = ("forward", "loss", "backward")
+    marks.extend([(moved[at - start], name, step) for at, name, s in marks
+                  if s == 0 and name in copied and start <= at < end])
+    cost_marks = recorder.costs.marks
+    c_start = next(at for at, name, s in cost_marks if name == "forward" and s == 0)
+    c_end = next(at for at, name, s in cost_marks if name == "optimizer" and s == 0)
+    recorder.costs.splice(
+        recorder.costs.rows[c_start:c_end],
+        [(at - c_start, name, step) for at, name, s in cost_marks if s == 0 and name in copied and c_start <= at < c_end],
+    )
+    # the optimizer reads the grads: make them again, untraced, under the copied grads' keys
+    params = _params(optimizer)
+    recorder.silent = True
+    try:
+        with torch.no_grad():
+            for i, key in grads.items():
+                grad = torch.empty_like(params[i])
+                storage = grad.untyped_storage()
+                recorder._live[storage] = renamed[key]
+                weakref.finalize(storage, recorder._free, renamed[key])
+                params[i].grad = grad
+    finally:
+        recorder.silent = False
+    return True
