@@ -200,6 +200,37 @@ def test_a_first_step_that_leaves_more_than_grads_is_traced_again(monkeypatch, c
     _same_trace(traced, _traced_without_replay(w, monkeypatch))
 
 
+class _Tied(torch.nn.Module):
+    """A tied embedding and output layer with a residual block between: the weight's two grads meet in
+    backward, and so do the two grads of the block's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(4096, 256)
+        self.block = torch.nn.Linear(256, 256)
+        self.head = torch.nn.Linear(256, 4096, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens)
+        return self.head(h + self.block(h))
+
+
+def test_tied_weight_grads_are_summed_in_place_as_on_cuda():
+    w = Workload(
+        name="tied", model=_Tied, batch=lambda n: (torch.randint(0, 4096, (n, 64)),),
+        loss=lambda out, b: out.float().pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8,
+    )
+    trace = trace_workload(w, GPU, steps=2)
+    backward_adds = [a for a in trace.allocs if a.op == "add" and a.phase == "backward"]
+    # CUDA's engine adds the embedding's grad into the head's in place (input_buffer.cpp): no new weight-sized
+    # buffer; where the block's two input grads meet, the trace keeps the out-of-place sum
+    assert not [a for a in backward_adds if a.shape == (4096, 256)]
+    assert [a for a in backward_adds if a.shape == (8, 64, 256)]
+    # the weight's grad is one buffer of its size, alive from its first contribution to the next zero_grad
+    assert sorted(a.nbytes for a in trace.allocs if a.category == "grads" and a.step == 0)[-1] == 4096 * 256 * 4
+
+
 def test_never_allocates_real_memory_for_a_big_3d_unet():
     import resource
 

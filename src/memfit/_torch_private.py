@@ -5,6 +5,8 @@ If a torch release moves one of these, this is the only module to change. Checke
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from memfit.errors import MemfitError
@@ -51,6 +53,7 @@ __all__ = [
     "UnsupportedOperatorException",
     "WeakIdKeyDictionary",
     "all_op_names",
+    "current_autograd_node",
     "has_kernel",
     "exclude_dispatch_key",
     "override_library",
@@ -60,6 +63,11 @@ __all__ = [
     "sdpa_flops",
     "sdpa_backward_flops",
 ]
+
+
+def current_autograd_node() -> Any:
+    """The autograd node the engine is running on this thread, or None outside backward."""
+    return torch._C._current_autograd_node()
 
 
 def all_op_names() -> list[str]:

@@ -125,6 +125,8 @@ class _Recorder(tp.TorchDispatchMode):
         self.closed = False
         self.silent = False
         """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
+        self._finalizers: dict[int, Any] = {}
+        self._born_in_node: dict[int, Any] = {}  # key -> the autograd node that ran when a backward op made it
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
         self.costs = OpCounter()
@@ -164,14 +166,63 @@ class _Recorder(tp.TorchDispatchMode):
             return
         self.trace.ops.append(-1)
         self.trace.keys.append(key)
+        self._finalizers.pop(key, None)
+        self._born_in_node.pop(key, None)
 
     def track(self, t: torch.Tensor, op: str) -> None:
         st = t.untyped_storage()
         if st in self._live or st.nbytes() == 0:
             return  # the CUDA allocator hands out no block for an empty tensor
         key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
-        self._live[st] = key
-        weakref.finalize(st, self._free, key)
+        self._own(st, key)
+        if self.phase == "backward":
+            self._born_in_node[key] = tp.current_autograd_node()
+
+    def _own(self, storage: Any, key: int) -> None:
+        """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
+        self._live[storage] = key
+        self._finalizers[key] = weakref.finalize(storage, self._free, key)
+
+    def _accumulate_in_place(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
+        """Account for the autograd engine summing two gradients of one tensor as CUDA does: in place.
+
+        Where a tensor feeds two ops (a residual branch, a tied weight), backward adds the second gradient into
+        the first. ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) does ``old.add_(new)``
+        when ``old`` is a plain dense tensor that only the buffer holds, and ``old + new`` otherwise; fake tensors
+        are tensor-subclass-like, so under a trace it always takes the second path, one buffer too many (the
+        190 MiB of a tied embedding in benchmarks/results/explain_cases_h200_20261126.md). The sum's storage
+        takes over ``old``'s allocation here. Told apart from an ``add`` inside a derivative formula by where
+        ``old`` was made: under an earlier node of this backward (the formula's own tensors are the node's).
+
+        Only where the sum becomes a parameter's grad (the node feeds an ``AccumulateGrad``): applied to every
+        junction, it made the H200 suite's predictions worse where they had matched (MONAI Swin-UNETR's
+        ``fits_in`` from -0.8 % to -5.1 %, ResNet-50's uncapped reserved from +0.5 % to -4.6 %), so where two
+        activation gradients meet the trace keeps the engine's out-of-place sum.
+        """
+        if name != "add" or self.phase != "backward" or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
+            return False
+        if len(args) < 2 or not all(isinstance(t, torch.Tensor) for t in (args[0], args[1], out)):
+            return False
+        old, new = args[0], args[1]
+        if not (old.shape == new.shape == out.shape and old.dtype == new.dtype == out.dtype):
+            return False
+        storage = old.untyped_storage()
+        key = self._live.get(storage)
+        node = tp.current_autograd_node()
+        if key is None or node is None or key not in self._born_in_node or self._born_in_node[key] is node:
+            return False
+        if not old.is_contiguous(memory_format=torch.channels_last) and not old.is_contiguous():
+            return False
+        if storage.nbytes() != old.numel() * old.element_size():
+            return False  # a view of a larger buffer: not what the engine keeps
+        if not any(getattr(fn, "variable", None) is not None and fn.variable.shape == out.shape
+                   and fn.variable.dtype == out.dtype for fn, _ in node.next_functions):
+            return False  # the sum goes to another node, not to a parameter's grad (see the docstring)
+        self._finalizers.pop(key).detach()
+        del self._live[storage]
+        self._own(out.untyped_storage(), key)
+        self._born_in_node[key] = node
+        return True
 
     def mark(self, t: torch.Tensor | None, category: str) -> None:
         if t is None:
@@ -226,6 +277,8 @@ class _Recorder(tp.TorchDispatchMode):
                     self.track(t, name)
             if out[0] is not None or out[1] is not None:
                 self._transient(self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9]))
+            return out
+        if self._accumulate_in_place(name, args, kwargs, out):
             return out
         for t in _output_tensors(out):
             self.track(t, name)
@@ -573,8 +626,7 @@ def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimiz
             for i, key in grads.items():
                 grad = torch.empty_like(params[i])
                 storage = grad.untyped_storage()
-                recorder._live[storage] = renamed[key]
-                weakref.finalize(storage, recorder._free, renamed[key])
+                recorder._own(storage, renamed[key])
                 params[i].grad = grad
     finally:
         recorder.silent = False
