@@ -118,6 +118,7 @@ _CATEGORY_WORDS = {
     "workspaces": "library workspaces",
     "fragmentation": "fragmentation",
 }
+_SINGULAR = frozenset({"optimizer_state", "data", "fragmentation"})
 
 
 def explain(
@@ -230,7 +231,9 @@ def _headline(est: Estimate, parts: list[Part], blocks: list[BlockMemory], budge
         need += f" and {verdict} in {format_bytes(budget_bytes)}"
     if top is None:
         return need + "."
-    cause = f"{_CATEGORY_WORDS.get(top.category, top.category)} make up {top.share:.0%} of it"
+    words = _CATEGORY_WORDS.get(top.category, top.category)
+    verb = "makes" if top.category in _SINGULAR else "make"
+    cause = f"{words} {verb} up {top.share:.0%} of it"
     if top.category == "activations" and blocks:
         cause += f" ({blocks[0].name} alone holds {format_bytes(blocks[0].nbytes)})"
     return f"{need}; {cause}."
