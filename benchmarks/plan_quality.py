@@ -381,6 +381,24 @@ def paired(args: argparse.Namespace) -> None:
              "budgets": budgets}, indent=1))
 
 
+def lightning(args: argparse.Namespace) -> None:
+    """Only Lightning's batch-size finder, under each budget's cap (the peers' row of the report)."""
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for model in args.models.split(","):
+        pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
+        caps = [b - pred["context_bytes"] for b in pred["budgets"]]
+        runs = [_lightning(_workload(model), pred["effective_batch"], cap) for cap in caps]
+        for budget, run in zip(pred["budgets"], runs, strict=True):
+            print(f"{model} {budget / 2**30:.2f} GiB: {run}", flush=True)
+        (out / f"plan_lightning_{model}.json").write_text(json.dumps(
+            {"model": model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+             "date": dt.date.today().isoformat(), "budgets": pred["budgets"], "caps": caps, "lightning": runs},
+            indent=1))
+
+
 def _plan_changes(config: dict) -> dict:
     return {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
             "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
@@ -464,7 +482,7 @@ def _lightning(w, effective: int, cap: int) -> dict:  # noqa: ANN001
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("stage", choices=("predict", "measure", "verify", "retime", "paired"))
+    parser.add_argument("stage", choices=("predict", "measure", "verify", "retime", "paired", "lightning"))
     parser.add_argument("--out", default="out")
     parser.add_argument("--predictions", default=str(HERE / "results" / "plan_predictions"))
     parser.add_argument("--models", default=",".join(MODELS))
@@ -477,7 +495,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    {"predict": predict, "measure": measure, "verify": verify, "retime": retime, "paired": paired}[args.stage](args)
+    {"predict": predict, "measure": measure, "verify": verify, "retime": retime, "paired": paired,
+     "lightning": lightning}[args.stage](args)
 
 
 if __name__ == "__main__":
