@@ -7,14 +7,14 @@ allocated, peak reserved, the smallest memory cap that runs without OOM, and wha
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from memfit.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
 from memfit.gpus import GpuSpec, gpu_spec
 from memfit.protocol import DEFAULT_STEPS
+from memfit.records import JsonRecord
 from memfit.workload import Workload
 
 if TYPE_CHECKING:
@@ -58,8 +58,10 @@ class TimelinePoint:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class Estimate(JsonRecord):
     """The predicted memory of one training step (3 steps of the protocol, maximum over them)."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     workload: str
     batch_size: int
@@ -105,11 +107,8 @@ class Estimate:
         # the cost's per-op rows stay out (thousands of them): its totals are what a report needs
         d = asdict(replace(self, cost=None))
         d["cost"] = self.cost.to_dict(ops=False) if self.cost is not None else None
-        d["schema"] = SCHEMA
+        d["schema"] = self._schema
         return d
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
 
     def margin_bytes(self, budget_bytes: int) -> int:
         """Budget minus ``device_bytes``: positive means it fits with that much to spare."""

@@ -7,18 +7,18 @@ workload.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from memfit.allocator import AllocatorConfig
 from memfit.errors import MemfitError
 from memfit.estimate import Estimate, estimate
 from memfit.fixes import Fix, FixContext, combine_fixes, find_fixes
 from memfit.gpus import GpuSpec, gpu_spec
+from memfit.records import JsonRecord
 from memfit.units import format_bytes
 from memfit.workload import Workload
 
@@ -68,8 +68,10 @@ class Scaling:
 
 
 @dataclass(frozen=True)
-class Explanation:
+class Explanation(JsonRecord):
     """Why the step needs what it needs, and the fixes, ranked (largest saving first)."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     workload: str
     gpu: str
@@ -96,13 +98,6 @@ class Explanation:
     elapsed_s: float = 0.0
     schema: int = SCHEMA
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["schema"] = SCHEMA
-        return d
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------- explain()

@@ -15,14 +15,15 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from memfit.allocator import AllocatorConfig
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate import Estimate, estimate
 from memfit.gpus import GpuSpec, gpu_spec
+from memfit.records import JsonRecord
 from memfit.units import format_bytes
 from memfit.workload import Workload
 
@@ -99,8 +100,10 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(JsonRecord):
     """The chosen configuration and the frontier of alternatives (memory vs step time)."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     workload: str
     gpu: str
@@ -121,13 +124,6 @@ class Plan:
     elapsed_s: float = 0.0
     schema: int = SCHEMA
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["schema"] = SCHEMA
-        return d
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the plan as versioned JSON, atomically (temp file + rename)."""
