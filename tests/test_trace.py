@@ -216,7 +216,7 @@ class _Tied(torch.nn.Module):
         return self.head(h + self.block(h))
 
 
-def test_tied_weight_grads_are_summed_in_place_as_on_cuda():
+def test_tied_weight_grads_are_summed_in_place_as_on_cuda(monkeypatch):  # noqa: ANN001
     w = Workload(
         name="tied", model=_Tied, batch=lambda n: (torch.randint(0, 4096, (n, 64)),),
         loss=lambda out, b: out.float().pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8,
@@ -229,6 +229,8 @@ def test_tied_weight_grads_are_summed_in_place_as_on_cuda():
     assert [a for a in backward_adds if a.shape == (8, 64, 256)]
     # the weight's grad is one buffer of its size, alive from its first contribution to the next zero_grad
     assert sorted(a.nbytes for a in trace.allocs if a.category == "grads" and a.step == 0)[-1] == 4096 * 256 * 4
+    # and the second step, copied from the first, is what tracing it gives
+    _same_trace(trace_workload(w, GPU, steps=3), _traced_without_replay(w, monkeypatch))
 
 
 def test_never_allocates_real_memory_for_a_big_3d_unet():
