@@ -99,7 +99,6 @@ class Explanation(JsonRecord):
     schema: int = SCHEMA
 
 
-
 # ----------------------------------------------------------------------------------------------- explain()
 
 _CATEGORY_WORDS = {
