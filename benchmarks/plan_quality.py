@@ -249,6 +249,14 @@ def verify(args: argparse.Namespace) -> None:
              "date": dt.date.today().isoformat(), "runs": runs}, indent=1))
 
 
+def _plan_and_fastest(pred: dict, grid: list[dict], i: int, top: int) -> tuple[dict, list[dict]]:
+    """Budget ``i``'s plan as a grid configuration, and the grid's ``top`` fastest configurations that fit it."""
+    plan_cfg = {k: v for k, v in _plan_changes(pred["plans"][i]["plan"]["chosen"]["config"]).items()
+                if k != "precision"}
+    fitting = sorted((r for r in grid if r["fits"][i] and r.get("time")), key=lambda r: -r["time"]["samples_per_s"])
+    return plan_cfg, [r["config"] for r in fitting[:top]]
+
+
 def retime(args: argparse.Namespace) -> None:
     """Time each plan's choice again beside the grid's fastest fitting configurations, interleaved.
 
@@ -272,14 +280,12 @@ def retime(args: argparse.Namespace) -> None:
 
         configs: dict[str, dict] = {}
         budgets = []
-        for i, entry in enumerate(pred["plans"]):
-            fitting = sorted((r for r in grid if r["fits"][i] and r.get("time")),
-                             key=lambda r: -r["time"]["samples_per_s"])[: args.top]
-            plan_cfg = {k: v for k, v in _plan_changes(entry["plan"]["chosen"]["config"]).items() if k != "precision"}
-            for cfg in [plan_cfg, *(r["config"] for r in fitting)]:
+        for i in range(len(pred["plans"])):
+            plan_cfg, fitting = _plan_and_fastest(pred, grid, i, args.top)
+            for cfg in [plan_cfg, *fitting]:
                 configs.setdefault(key(cfg), cfg)
             budgets.append({"budget_bytes": pred["budgets"][i], "plan": key(plan_cfg),
-                            "grid_top": [key(r["config"]) for r in fitting]})
+                            "grid_top": [key(c) for c in fitting]})
         times: dict[str, list[float]] = {k: [] for k in configs}
         for _ in range(args.rounds):
             for k, cfg in configs.items():
@@ -347,11 +353,9 @@ def paired(args: argparse.Namespace) -> None:
         grid = json.loads((Path(args.grid) / f"plan_quality_{model}.json").read_text())["grid"]
         w = _workload(model)
         budgets = []
-        for i, entry in enumerate(pred["plans"]):
-            plan_cfg = {k: v for k, v in _plan_changes(entry["plan"]["chosen"]["config"]).items() if k != "precision"}
-            rivals = [r["config"] for r in sorted((r for r in grid if r["fits"][i] and r.get("time")),
-                                                  key=lambda r: -r["time"]["samples_per_s"])[: args.top]
-                      if _changes(r["config"]) != _changes(plan_cfg)]
+        for i in range(len(pred["plans"])):
+            plan_cfg, fastest = _plan_and_fastest(pred, grid, i, args.top)
+            rivals = [c for c in fastest if _changes(c) != _changes(plan_cfg)]
             _clean()
             pw, p_micro, p_opt = _micro_and_opt(w, plan_cfg)
             p_opt_s = _cuda_time(p_opt, 5)
