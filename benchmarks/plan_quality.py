@@ -249,6 +249,11 @@ def verify(args: argparse.Namespace) -> None:
              "date": dt.date.today().isoformat(), "runs": runs}, indent=1))
 
 
+def _predictions_and_grid(args: argparse.Namespace, model: str) -> tuple[dict, list[dict]]:
+    pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
+    return pred, json.loads((Path(args.grid) / f"plan_quality_{model}.json").read_text())["grid"]
+
+
 def _plan_and_fastest(pred: dict, grid: list[dict], i: int, top: int) -> tuple[dict, list[dict]]:
     """Budget ``i``'s plan as a grid configuration, and the grid's ``top`` fastest configurations that fit it."""
     plan_cfg = {k: v for k, v in _plan_changes(pred["plans"][i]["plan"]["chosen"]["config"]).items()
@@ -270,8 +275,7 @@ def retime(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for model in args.models.split(","):
-        pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
-        grid = json.loads((Path(args.grid) / f"plan_quality_{model}.json").read_text())["grid"]
+        pred, grid = _predictions_and_grid(args, model)
         w = _workload(model)
 
         def key(cfg: dict) -> str:
@@ -349,8 +353,7 @@ def paired(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for model in args.models.split(","):
-        pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
-        grid = json.loads((Path(args.grid) / f"plan_quality_{model}.json").read_text())["grid"]
+        pred, grid = _predictions_and_grid(args, model)
         w = _workload(model)
         budgets = []
         for i in range(len(pred["plans"])):

@@ -148,6 +148,17 @@ def _traced_without_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noq
         return trace_workload(w, GPU, steps=3)
 
 
+def _traced_with_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
+    """The trace, and what each step's call to ``_replay_forward_backward`` answered."""
+    import memfit.trace as tr
+
+    calls: list[bool] = []
+    original = tr._replay_forward_backward
+    with monkeypatch.context() as m:
+        m.setattr(tr, "_replay_forward_backward", lambda *a: calls.append(original(*a)) or calls[-1])
+        return trace_workload(w, GPU, steps=3), calls
+
+
 def _same_trace(a, b) -> None:  # noqa: ANN001
     assert a.events() == b.events() and a.phase_marks == b.phase_marks
     assert a.op_costs == b.op_costs and a.cost_marks == b.cost_marks
@@ -162,13 +173,8 @@ def _same_trace(a, b) -> None:  # noqa: ANN001
     {"precision": "bf16", "model": lambda: torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Dropout(0.1))},
 ])
 def test_second_step_copied_from_the_first_equals_it_traced(monkeypatch, changes):  # noqa: ANN001
-    import memfit.trace as tr
-
-    calls = []
-    original = tr._replay_forward_backward
-    monkeypatch.setattr(tr, "_replay_forward_backward", lambda *a: calls.append(original(*a)) or calls[-1])
     w = _linear_workload(**changes)
-    copied = trace_workload(w, GPU, steps=3)
+    copied, calls = _traced_with_replay(w, monkeypatch)
     assert calls == [False, True]  # step 1 traced, step 2's forward and backward copied
     _same_trace(copied, _traced_without_replay(w, monkeypatch))
 
@@ -189,13 +195,8 @@ class _Remembers(torch.nn.Module):
 
 @pytest.mark.parametrize("changes", [{"model": _Remembers}, {"precision": "fp16"}])
 def test_a_first_step_that_leaves_more_than_grads_is_traced_again(monkeypatch, changes):  # noqa: ANN001
-    import memfit.trace as tr
-
-    calls = []
-    original = tr._replay_forward_backward
-    monkeypatch.setattr(tr, "_replay_forward_backward", lambda *a: calls.append(original(*a)) or calls[-1])
     w = _linear_workload(**changes)
-    traced = trace_workload(w, GPU, steps=3)
+    traced, calls = _traced_with_replay(w, monkeypatch)
     assert calls == [False, False]  # GradScaler's scale and the cache are made once, in the first backward/forward
     _same_trace(traced, _traced_without_replay(w, monkeypatch))
 
