@@ -1,0 +1,115 @@
+"""The tracer's fake-tensor mode: C++ meta kernels where FakeTensorMode runs Python written for symbolic sizes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memfit._torch_private import FakeTensorMode, StaticShapeFakeTensorMode
+
+aten = torch.ops.aten
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device
+
+
+def _run(mode_cls: type, fn):  # noqa: ANN001, ANN202
+    with mode_cls(allow_non_fake_inputs=True, allow_fallback_kernels=False):
+        x = torch.empty(4, 6, 8, 10)
+        return fn(x)
+
+
+def _views(x: torch.Tensor) -> list[torch.Tensor]:
+    t = x.permute(0, 2, 3, 1)  # a non-contiguous base
+    return [
+        x.view(4, 6, -1), x.view(-1), aten._unsafe_view(x, [24, 80]), t.reshape(4, 80, 6),
+        x[:, 1:5], x[..., ::3], x[:, -2:], x[:, 9:], t[1:, :, 2:7:2], x.select(1, -1), t.select(3, 2), x[2],
+        x.flatten(1).unflatten(1, (2, -1)),
+    ]
+
+
+def _decomposed(x: torch.Tensor) -> list[torch.Tensor]:
+    w = torch.empty(10, 10, requires_grad=True)
+    flat = x.reshape(-1, 10)
+    ln, mean, rstd = aten.native_layer_norm(x, [10], w[0], w[1], 1e-5)
+    grads = aten.native_layer_norm_backward(ln, x, [10], mean, rstd, w[0], w[1], [True, True, True])
+    bn = aten.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)
+    return [
+        torch.addmm(w[0], flat, w), ln, mean, rstd, *grads, *bn, torch.empty(3, 5).uniform_(),
+        aten.gelu_backward(x, x), aten._softmax_backward_data(x, x, 1, x.dtype), x[:, :1].squeeze(1),
+        aten.slice_backward(x[:, 1:3], [4, 6, 8, 10], 1, 1, 3, 1), torch.arange(7),
+        # dtype casts (_to_copy), with and without a device that is the same, keeping a permuted layout
+        x.to(torch.bfloat16), aten._to_copy(x, dtype=torch.float16, device=torch.device("cpu")),
+        x.to(memory_format=torch.channels_last), x.permute(0, 2, 3, 1).to(torch.bfloat16),
+    ]
+
+
+@pytest.mark.parametrize("ops", [_views, _decomposed], ids=["views", "decomposed"])
+def test_outputs_match_fake_tensor_mode(ops):  # noqa: ANN001
+    fast = [_meta(t) for t in _run(StaticShapeFakeTensorMode, ops)]
+    slow = [_meta(t) for t in _run(FakeTensorMode, ops)]
+    assert fast == slow
+
+
+def test_views_share_their_base_storage():
+    def views_and_base(x: torch.Tensor) -> list[bool]:
+        return [v.untyped_storage()._cdata == x.untyped_storage()._cdata for v in _views(x)]
+
+    # reshape of the permuted base copies (not viewable), in both modes
+    assert _run(StaticShapeFakeTensorMode, views_and_base) == _run(FakeTensorMode, views_and_base)
+
+
+def test_a_view_that_cannot_be_taken_raises_as_in_eager():
+    # eager raises RuntimeError (FakeTensorMode's Python rule a ValueError)
+    x = torch.empty(4, 6, 8, 10)
+    for bad, error in ((lambda x: x.permute(0, 2, 3, 1).view(-1), RuntimeError), (lambda x: x.select(1, 6), IndexError)):
+        with pytest.raises(error):
+            bad(x)
+        with pytest.raises(error):
+            _run(StaticShapeFakeTensorMode, bad)
+
+
+def test_batch_norm_keeps_float32_statistics_for_bf16_input_like_cuda():
+    # batch_norm_cuda allocates save_mean/save_invstd in the accumulate type (float32 for bf16); the CPU branch of
+    # torch._decomp's decomposition, which FakeTensorMode takes for CPU fake tensors, casts them to bf16
+    def stats(x: torch.Tensor) -> list[torch.dtype]:
+        out = aten.native_batch_norm(x.bfloat16(), None, None, None, None, True, 0.1, 1e-5)
+        return [t.dtype for t in out]
+
+    assert _run(StaticShapeFakeTensorMode, stats) == [torch.bfloat16, torch.float32, torch.float32]
+
+
+@pytest.mark.gpu
+def test_batch_norm_statistics_dtype_matches_cuda():
+    x = torch.randn(2, 6, 5, 5, device="cuda", dtype=torch.bfloat16)
+    real = [t.dtype for t in aten.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)]
+    assert real == _run(StaticShapeFakeTensorMode, lambda x: [
+        t.dtype for t in aten.native_batch_norm(x.bfloat16(), None, None, None, None, True, 0.1, 1e-5)
+    ])
+
+
+def test_in_a_trace_a_layer_norm_model_is_traced_the_same(monkeypatch):  # noqa: ANN001
+    from memfit import Workload
+    from memfit import _torch_private as tp
+    from memfit.gpus import gpu_spec
+    from memfit.trace import trace_workload
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.lin = torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(self.norm(x)).view(8, 4, 8, 64)[:, 1:3].reshape(8, 16, 64)
+            return F.gelu(h).select(1, 0)
+
+    work = Workload(name="block", model=Block, batch=lambda n: (torch.randn(n, 32, 64),),
+                    loss=lambda out, b: out.float().mean(), optimizer=lambda p: torch.optim.AdamW(p),
+                    batch_size=8, precision="fp32")
+
+    def events(mode_cls: type) -> tuple:
+        monkeypatch.setattr(tp, "StaticShapeFakeTensorMode", mode_cls)
+        tr = trace_workload(work, gpu_spec("h100"))
+        return tr.ops, tr.keys, [(a.nbytes, a.op, a.module, a.phase, a.shape, a.dtype) for a in tr.allocs]
+
+    assert events(StaticShapeFakeTensorMode) == events(FakeTensorMode)
