@@ -202,6 +202,27 @@ def test_smallest_fitting_capacity_is_a_multiple_of_the_granularity() -> None:
     assert replay(events, capacity_bytes=cap - 2 * MiB).oom_index == 1
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_uncapped_peak_reserved_always_fits(seed: int) -> None:
+    # smallest_fitting_capacity takes it as the upper end without replaying it (no expandable segments, no GC)
+    import random
+
+    rng = random.Random(seed)
+    events, live = [], []
+    for key in range(300):
+        events.append((A, key, rng.choice([rng.randrange(1, 1 << 20), rng.randrange(1 << 20, 40 << 20)])))
+        live.append(key)
+        while live and rng.random() < 0.5:
+            events.append((F, live.pop(rng.randrange(len(live))), 0))
+    granularity = 2 * MiB
+    top = -(-replay(events).peak_reserved_bytes // granularity) * granularity
+    assert replay(events, capacity_bytes=top).oom_index is None
+    cap = smallest_fitting_capacity(events, granularity_bytes=granularity)
+    assert cap <= top
+    assert replay(events, capacity_bytes=cap).oom_index is None
+    assert replay(events, capacity_bytes=cap - granularity).oom_index is not None
+
+
 # -- expandable segments ----------------------------------------------------------------------------------------
 
 

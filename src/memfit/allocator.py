@@ -659,12 +659,15 @@ def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: Al
     def fits(steps: int) -> bool:
         return replay(events, config, capacity_bytes=steps * granularity_bytes).oom_index is None
 
-    # Upper end: the uncapped peak fits unless expandable segments test the cap with more than they map.
+    # Upper end: a cap at or above the uncapped peak reserved never refuses a cudaMalloc, so the capped run is the
+    # uncapped one and fits, unless expandable segments test the cap with more than they map, or a cap turns on
+    # garbage collection (its threshold is a fraction of the cap): then try it, and grow.
     hi = -(-uncapped.peak_reserved_bytes // granularity_bytes)
-    grow = 1
-    while not fits(hi):
-        hi += grow
-        grow *= 2
+    if config.expandable_segments or config.garbage_collection_threshold > 0.0:
+        grow = 1
+        while not fits(hi):
+            hi += grow
+            grow *= 2
     # Lower end: reserved never drops below allocated, so a cap under the allocated peak cannot fit.
     lo = max(uncapped.peak_allocated_bytes // granularity_bytes - 1, 0)
     if lo > 0 and fits(lo):
