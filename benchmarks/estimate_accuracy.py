@@ -160,8 +160,9 @@ def report(args: argparse.Namespace) -> None:
     slug = (summary["gpu"] or "gpu").lower().replace("nvidia", "").strip().split()[0]
     stem = Path(args.results) / f"estimate_accuracy_{slug}_{dt.date.today():%Y%m%d}"
     stem.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    stem.with_suffix(".md").write_text(_markdown(summary, rows))
-    print(_markdown(summary, rows))
+    text = _markdown(summary, rows) + (f"\n{args.note}\n" if args.note else "")
+    stem.with_suffix(".md").write_text(text)
+    print(text)
 
 
 def _pct(x: float | None) -> str:
@@ -235,6 +236,7 @@ def main() -> None:
     r.add_argument("--measurements", default=str(HERE / "results" / "measurements"))
     r.add_argument("--results", default=str(HERE / "results"))
     r.add_argument("--names")
+    r.add_argument("--note", help="a paragraph to add under the table (e.g. what was measured when)")
     args = parser.parse_args()
     {"predict": predict, "measure": measure, "report": report}[args.cmd](args)
 
