@@ -66,6 +66,22 @@ def test_a_model_that_raises_is_one_line(tmp_path):  # noqa: ANN001
     assert "my model is broken" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_the_quick_exit_keeps_output_and_atexit_handlers(tmp_path):  # noqa: ANN001
+    # the CLI skips the interpreter's teardown (memfit.cli._exit), not what the user's code asked for at exit
+    marker = tmp_path / "atexit_ran"
+    f = tmp_path / "work.py"
+    f.write_text(textwrap.dedent(f"""
+        import atexit, pathlib, torch, memfit
+        atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text("yes"))
+        w = memfit.Workload(model=lambda: torch.nn.Linear(4, 4), batch=lambda n: (torch.randn(n, 4),),
+                            loss=lambda o, b: o.sum(), optimizer=lambda p: torch.optim.SGD(p, lr=1), batch_size=2)
+    """))
+    out = run("estimate", str(f), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["peak_allocated_bytes"] > 0
+    assert marker.read_text() == "yes"
+
+
 def test_file_without_workload_and_file_with_several(tmp_path):  # noqa: ANN001
     f = tmp_path / "none.py"
     f.write_text("x = 1\n")
