@@ -90,6 +90,63 @@ def test_attention_never_materialises_the_score_matrix():
     assert all(a.nbytes < scores_bytes for a in trace.allocs if a.category != "workspaces")
 
 
+
+def test_attention_with_a_learned_bias_takes_the_memory_efficient_kernel():
+    # T5's relative-position bias is a parameter passed as attn_mask: CUDA's memory-efficient kernel returns its
+    # grad (the CPU flash kernel refuses to), saving the output and a log-sum-exp padded to 32 queries
+    b, h, seq, d = 2, 4, 100, 32
+
+    class BiasedAttn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(d * h, 3 * d * h)
+            self.bias = torch.nn.Parameter(torch.zeros(1, h, seq, seq))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+
+    w = Workload(
+        model=BiasedAttn, batch=lambda n: (torch.randn(n, seq, d * h),), loss=lambda out, bt: out.float().mean(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=b, precision="fp32",
+    )
+    trace = trace_workload(w, GPU, steps=1)
+    lse = [a for a in trace.allocs if a.op == "_scaled_dot_product_efficient_attention" and len(a.shape) == 3]
+    assert [a.shape for a in lse] == [(b, h, 128)]  # 100 queries padded to 128
+    assert any(a.category == "grads" and a.shape == (1, h, seq, seq) for a in trace.allocs)
+    # no score matrix; the one block of that size is the bias's grad at its expanded shape, keys padded to 16,
+    # which the backward kernel writes before autograd sums it over the batch
+    scores_bytes = b * h * seq * seq * 4
+    big = [(a.op, a.shape, a.nbytes) for a in trace.allocs if a.nbytes >= scores_bytes and a.category != "workspaces"]
+    assert big == [("_scaled_dot_product_efficient_attention_backward", (b, h, seq, seq), b * h * seq * 112 * 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_runs_the_memory_efficient_kernel_for_a_learned_bias(dtype):  # noqa: ANN001
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, list]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+            out = func(*args, **(kwargs or {}))
+            flat = out if isinstance(out, (tuple, list)) else (out,)
+            self.seen.append((func.__name__, [tuple(t.shape) for t in flat if isinstance(t, torch.Tensor)]))
+            return out
+
+    q, k, v = (torch.randn(2, 4, 100, 32, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(1, 4, 100, 100, device="cuda", dtype=dtype, requires_grad=True)
+    with Ops() as ops:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias).float().sum().backward()
+    names = [name for name, _ in ops.seen]
+    assert "_scaled_dot_product_efficient_attention.default" in names
+    assert "_scaled_dot_product_efficient_attention_backward.default" in names
+    shapes = dict(ops.seen)["_scaled_dot_product_efficient_attention.default"]
+    assert shapes[:2] == [(2, 4, 100, 32), (2, 4, 128)]  # the output and the padded log-sum-exp memfit predicts
+
 def test_checkpointing_recomputes_in_backward():
     from torch.utils.checkpoint import checkpoint
 

@@ -197,6 +197,18 @@ def _cuda_sdpa(
         return torch.ops.aten._scaled_dot_product_attention_math.default(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale
         )[0]
+    if attn_mask is not None and attn_mask.requires_grad:
+        # a learned bias (T5's relative positions): only the memory-efficient kernel returns its grad, so CUDA
+        # runs that one (the CPU flash kernel refuses it). Its meta kernel gives CUDA's saved tensors: the
+        # output and a log-sum-exp padded to a multiple of 32 keys, and a grad of the bias's shape in backward.
+        if attn_mask.dtype != query.dtype:
+            return torch.ops.aten._scaled_dot_product_attention_math.default(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale
+            )[0]
+        bias = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        return torch.ops.aten._scaled_dot_product_efficient_attention.default(
+            query, key, value, bias, True, dropout_p, is_causal, scale=scale
+        )[0]
     out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
     )[0]
