@@ -103,6 +103,24 @@ hf_gpt2 = Workload(
     precision="bf16", optimizer=lambda p: torch.optim.AdamW(p, lr=6e-4), tags=("transformer", "decoder"),
 )
 hf_gpt2_ckpt = hf_gpt2.replace(name="hf_gpt2_ckpt", model=_gpt2(True))
+
+
+def _t5_small():  # noqa: ANN202
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    # t5-small's shape; its relative-position bias is a parameter that reaches SDPA as attn_mask
+    return T5ForConditionalGeneration(T5Config(
+        d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128, decoder_start_token_id=0,
+        pad_token_id=0, attn_implementation="sdpa",
+    ))
+
+
+# not in the suite: checks the learned-bias attention rule (memfit/cuda_emulation.py: _cuda_sdpa)
+hf_t5_small = Workload(
+    name="hf_t5_small", model=_t5_small, batch=lambda n: torch.randint(0, 32128, (n, 512)),
+    forward=lambda m, b: m(input_ids=b, labels=b), loss=lambda out, b: out.loss, batch_size=16,
+    precision="bf16", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4), tags=("transformer",),
+)
 smp_unet_r34 = Workload(
     name="smp_unet_r34", model=_smp_unet,
     batch=lambda n: (torch.randn(n, 3, 512, 512), torch.randint(0, 2, (n, 1, 512, 512)).float()),

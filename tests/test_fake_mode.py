@@ -79,6 +79,17 @@ def test_batch_norm_keeps_float32_statistics_for_bf16_input_like_cuda():
     assert _run(StaticShapeFakeTensorMode, stats) == [torch.bfloat16, torch.float32, torch.float32]
 
 
+def test_the_two_modes_never_read_each_others_cached_outputs():
+    # FakeTensorMode caches outputs in one class-wide dict; batch norm's statistics differ between the two modes
+    def stats(x: torch.Tensor) -> list[torch.dtype]:
+        return [t.dtype for t in aten.native_batch_norm(x.bfloat16(), None, None, None, None, True, 0.1, 1e-5)]
+
+    theirs = _run(FakeTensorMode, stats)
+    ours = _run(StaticShapeFakeTensorMode, stats)
+    assert theirs[1] == torch.bfloat16 and ours[1] == torch.float32
+    assert _run(FakeTensorMode, stats) == theirs and _run(StaticShapeFakeTensorMode, stats) == ours
+
+
 @pytest.mark.gpu
 def test_batch_norm_statistics_dtype_matches_cuda():
     x = torch.randn(2, 6, 5, 5, device="cuda", dtype=torch.bfloat16)

@@ -184,6 +184,44 @@ def test_item_in_forward_is_survived_with_a_warning():
     assert any(".item()" in w for w in trace.warnings)
 
 
+@pytest.mark.parametrize("reads", ["item", "unique"])
+def test_a_constructor_that_needs_tensor_values_is_built_for_real(reads):  # noqa: ANN001
+    # timm's RegNet computes its stage widths with torch ops (torch.unique, .item()) in __init__: fake tensors
+    # have no values, so the model is built for real and traced with fake copies of its parameters
+    class Sized(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            widths = torch.arange(8) // 3 * 256 + 256  # 256, 512, 768: not Python numbers
+            if reads == "item":
+                width = int(widths.max().item())
+            else:
+                width = int(torch.unique(widths).numel()) * 256
+            self.a = torch.nn.Linear(1024, width)
+            self.norm = torch.nn.BatchNorm1d(width)
+            self.b = torch.nn.Linear(width, 1024)
+            self.b.weight = torch.nn.Parameter(self.a.weight.t().contiguous().clone())  # sized by values too
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.norm(self.a(x)))
+
+    class Plain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.norm, self.b = torch.nn.Linear(1024, 768), torch.nn.BatchNorm1d(768), torch.nn.Linear(768, 1024)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.norm(self.a(x)))
+
+    built = trace_workload(_linear_workload(model=Sized), GPU, steps=2)
+    plain = trace_workload(_linear_workload(model=Plain), GPU, steps=2)
+    assert any("built it for real" in w for w in built.warnings)
+    assert built.param_count == plain.param_count
+    after_init = [(a.nbytes, a.op, a.category) for a in built.allocs if a.phase != "init"]
+    assert after_init == [(a.nbytes, a.op, a.category) for a in plain.allocs if a.phase != "init"]
+    params = sorted(a.nbytes for a in built.allocs if a.category in ("params", "buffers"))
+    assert params == sorted(a.nbytes for a in plain.allocs if a.category in ("params", "buffers"))
+
+
 def test_copied_steps_equal_traced_steps():
     from memfit.allocator import replay, smallest_fitting_capacity
     from memfit.trace import _trace

@@ -56,6 +56,7 @@ __all__ = [
     "WeakIdKeyDictionary",
     "all_op_names",
     "current_autograd_node",
+    "no_dispatch_modes",
     "has_kernel",
     "exclude_dispatch_key",
     "override_library",
@@ -89,6 +90,11 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
     An op whose meta kernel fails goes back to FakeTensorMode's own way.
     """
 
+    # FakeTensorMode keeps one dispatch cache for every instance (``FakeTensorMode.cache``, outputs by op and input
+    # metadata). Ours can differ (batch norm's statistics), so while this mode is entered the class points at
+    # this dict instead: memfit never reads FakeTensorMode's entries, and torch.compile never reads memfit's.
+    _own_cache: dict[Any, Any] = {}
+
     def __init__(self, **kwargs: Any) -> None:
         from torch._decomp import decomposition_table
 
@@ -96,6 +102,22 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
         self._decomposed = decomposition_table
         # ops whose meta kernel failed, and _to_copy, whose meta kernel cannot move between devices
         self._python_only: set[Any] = {torch.ops.aten._to_copy.default}
+        self._entered = 0
+        self._their_cache: dict[Any, Any] = {}
+
+    def __enter__(self) -> StaticShapeFakeTensorMode:
+        if self._entered == 0:
+            self._their_cache, FakeTensorMode.cache = FakeTensorMode.cache, StaticShapeFakeTensorMode._own_cache
+        self._entered += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._entered -= 1
+            if self._entered == 0:
+                FakeTensorMode.cache = self._their_cache
 
     def cpp_meta_supports_symint(self, func: Any) -> bool:
         # True makes FakeTensorMode skip the Python decomposition of ``func`` for its meta kernel (fake_tensor.py,
@@ -139,6 +161,13 @@ if not all(hasattr(FakeTensorMode, name) for name in (
     "cpp_meta_supports_symint", "_dispatch_impl", "wrap_meta_outputs_with_default_device_logic",
 )) or not hasattr(_fake, "in_kernel_invocation_manager"):  # pragma: no cover - depends on the installed torch
     StaticShapeFakeTensorMode = FakeTensorMode  # type: ignore[misc,assignment]  # slower, same results
+
+
+def no_dispatch_modes() -> Any:
+    """A context in which no TorchDispatchMode (fake tensors, memfit's recorder) is active: real tensors again."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
 
 
 def current_autograd_node() -> Any:

@@ -114,6 +114,10 @@ def _output_tensors(out: Any) -> list[torch.Tensor]:
 _DEVICE_QUERY = torch.ops.prim.device.default
 
 
+class _ValuesNeededToBuild(Exception):
+    """The model's constructor reads tensor values (``.item()``, ``torch.unique``), which fake tensors lack."""
+
+
 def _no_constants(args: Any) -> bool:
     """No fake tensor in ``args`` (or in a list there) carries a constant value FakeTensorMode keeps up to date."""
     for a in args:
@@ -149,6 +153,8 @@ class _Recorder(tp.TorchDispatchMode):
         self._workspace_threads: set[str] = set()
         self._warned_item = False
         self.closed = False
+        self.building_model = False
+        """Inside the model factory: an op that needs tensor values makes ``_build_model`` build it for real."""
         self.silent = False
         """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
         self._finalizers: dict[int, Any] = {}
@@ -277,15 +283,17 @@ class _Recorder(tp.TorchDispatchMode):
             return None
         try:
             out = func(*args, **kwargs)
-        except tp.DataDependentOutputException:
+        except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
+            if self.building_model:
+                raise _ValuesNeededToBuild(name) from exc  # the model is built for real instead, see _build_model
+            if isinstance(exc, tp.DynamicOutputShapeException):
+                raise TraceError(
+                    f"the step calls {name}, whose output size depends on tensor values, which fake tensors do "
+                    f"not have. Move it out of the training step (e.g. precompute indices in the batch)."
+                ) from exc
             if name != "_local_scalar_dense":
                 raise
             out = self._data_dependent_scalar(args[0])
-        except tp.DynamicOutputShapeException as exc:
-            raise TraceError(
-                f"the step calls {name}, whose output size depends on tensor values, which fake tensors do not "
-                f"have. Move it out of the training step (e.g. precompute indices in the batch)."
-            ) from exc
         except tp.UnsupportedOperatorException as exc:
             if not func._schema.returns:
                 # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
@@ -470,7 +478,8 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
         with fake_mode, recorder, CudaSemantics():
             try:
                 model, optimizer, batch = build(
-                    workload, "cpu", configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase
+                    workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
+                    configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
                 )
             except (TraceError, WorkloadError):
                 raise
@@ -558,6 +567,45 @@ def _cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
     for group in optimizer.param_groups:
         if "foreach" in group and group.get("foreach") is None and not group.get("fused"):
             group["foreach"] = True
+
+
+def _build_model(factory: Any, recorder: _Recorder) -> Any:
+    """Call the model factory under the fake modes; if the constructor needs tensor values (timm's RegNet takes
+    its stage widths from ``torch.unique``), build the model for real on the CPU instead and give the trace fake
+    parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory: the model's
+    parameters, once."""
+    recorder.building_model = True
+    try:
+        return factory()
+    except _ValuesNeededToBuild as exc:
+        op = str(exc)
+    finally:
+        recorder.building_model = False
+    gc.collect()  # the half-built model's fake tensors go now, with their frees, before the rebuild allocates
+    with tp.no_dispatch_modes():
+        real = factory()
+    twins: dict[int, torch.Tensor] = {}
+
+    def twin(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in twins:
+            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if isinstance(t, torch.nn.Parameter) else fake
+        return twins[id(t)]
+
+    for module in real.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = twin(p)
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = twin(b)
+    nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
+    msg = (f"the model's constructor reads tensor values ({op}), which fake tensors do not have: memfit built it "
+           f"for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies of its "
+           "parameters and buffers.")
+    recorder.trace.warnings.append(msg)
+    log.warning(msg)
+    return real
 
 
 def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
