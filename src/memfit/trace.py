@@ -115,7 +115,7 @@ _DEVICE_QUERY = torch.ops.prim.device.default
 
 
 class _ValuesNeededToBuild(Exception):
-    """The model's constructor reads tensor values (``.item()``, ``torch.unique``), which fake tensors lack."""
+    """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
 
 
 def _no_constants(args: Any) -> bool:
@@ -284,8 +284,11 @@ class _Recorder(tp.TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
-            if self.building_model:
-                raise _ValuesNeededToBuild(name) from exc  # the model is built for real instead, see _build_model
+            if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
+                # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead, see
+                # _build_model. A constructor's .item() reads 0 below, as in the step: timm's models read their
+                # drop-path rates that way, and a real build costs host memory for every parameter.
+                raise _ValuesNeededToBuild(name) from exc
             if isinstance(exc, tp.DynamicOutputShapeException):
                 raise TraceError(
                     f"the step calls {name}, whose output size depends on tensor values, which fake tensors do "
@@ -570,10 +573,10 @@ def _cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _build_model(factory: Any, recorder: _Recorder) -> Any:
-    """Call the model factory under the fake modes; if the constructor needs tensor values (timm's RegNet takes
-    its stage widths from ``torch.unique``), build the model for real on the CPU instead and give the trace fake
-    parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory: the model's
-    parameters, once."""
+    """Call the model factory under the fake modes; if the constructor sizes tensors by tensor values (timm's
+    RegNet takes its stage widths from ``torch.unique``), build the model for real on the CPU instead and give
+    the trace fake parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory:
+    the model's parameters, once."""
     recorder.building_model = True
     try:
         return factory()
@@ -600,9 +603,9 @@ def _build_model(factory: Any, recorder: _Recorder) -> Any:
             if b is not None:
                 module._buffers[name] = twin(b)
     nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
-    msg = (f"the model's constructor reads tensor values ({op}), which fake tensors do not have: memfit built it "
-           f"for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies of its "
-           "parameters and buffers.")
+    msg = (f"the model's constructor sizes a tensor by tensor values ({op}), which fake tensors do not have: "
+           f"memfit built it for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies "
+           "of its parameters and buffers.")
     recorder.trace.warnings.append(msg)
     log.warning(msg)
     return real
