@@ -160,7 +160,8 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
 if not all(hasattr(FakeTensorMode, name) for name in (
     "cpp_meta_supports_symint", "_dispatch_impl", "wrap_meta_outputs_with_default_device_logic",
 )) or not hasattr(_fake, "in_kernel_invocation_manager"):  # pragma: no cover - depends on the installed torch
-    StaticShapeFakeTensorMode = FakeTensorMode  # type: ignore[misc,assignment]  # slower, same results
+    # slower, and batch norm keeps its statistics as the CPU does
+    StaticShapeFakeTensorMode = FakeTensorMode  # type: ignore[misc,assignment]
 
 
 def no_dispatch_modes() -> Any:

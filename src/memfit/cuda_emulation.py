@@ -200,7 +200,8 @@ def _cuda_sdpa(
     if attn_mask is not None and attn_mask.requires_grad:
         # a learned bias (T5's relative positions): only the memory-efficient kernel returns its grad, so CUDA
         # runs that one (the CPU flash kernel refuses it). Its meta kernel gives CUDA's saved tensors: the
-        # output and a log-sum-exp padded to a multiple of 32 keys, and a grad of the bias's shape in backward.
+        # output and a log-sum-exp padded to a multiple of 32 queries; in backward, a grad of the expanded bias
+        # with its keys padded to a multiple of 16 (tests/test_trace.py checks the kernel and the log-sum-exp on CUDA).
         if attn_mask.dtype != query.dtype:
             return torch.ops.aten._scaled_dot_product_attention_math.default(
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale

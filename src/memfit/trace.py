@@ -154,7 +154,8 @@ class _Recorder(tp.TorchDispatchMode):
         self._warned_item = False
         self.closed = False
         self.building_model = False
-        """Inside the model factory: an op that needs tensor values makes ``_build_model`` build it for real."""
+        """Inside the model factory: an op whose output size needs tensor values makes ``_build_model`` build the
+        model for real."""
         self.silent = False
         """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
         self._finalizers: dict[int, Any] = {}
