@@ -6,7 +6,7 @@ far more than one extra forward. This script times one micro-batch (forward + ba
 of ResNet-50 and GPT-2 at small micro-batches without checkpointing and with every block checkpointed in
 several ways, then profiles one checkpointed micro-batch (torch.profiler: CPU time by op, host syncs):
 
-* ``memfit``: ``memfit.knobs.apply_checkpointing`` (non-reentrant, torch's defaults);
+* ``memfit``: ``memfit.workload.knobs.apply_checkpointing`` (non-reentrant, torch's defaults);
 * ``no-rng``: ``preserve_rng_state=False``;  ``no-check``: ``determinism_check="none"``;
 * ``reentrant``: ``use_reentrant=True``;  ``no-early-stop``: ``torch.utils.checkpoint.set_checkpoint_early_stop(False)``.
 
@@ -47,9 +47,9 @@ def _wrap(model, names, **kwargs):  # noqa: ANN001, ANN202
 def _build(workload: str, micro: int, variant: str):  # noqa: ANN202
     import torch
 
-    from memfit.knobs import apply_checkpointing, checkpoint_candidates
-    from memfit.protocol import autocast_dtype, build
-    from memfit.zoo import builtin_workload
+    from memfit.workload.knobs import apply_checkpointing, checkpoint_candidates
+    from memfit.workload.protocol import autocast_dtype, build
+    from memfit.workload.zoo import builtin_workload
 
     w = builtin_workload(workload).replace(batch_size=micro, accumulation_steps=1, optimizer_impl="fused")
     model, optimizer, batch = build(w, "cuda")

@@ -14,8 +14,8 @@ import statistics
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from memfit.knobs import checkpoint_candidates
-from memfit.models import ResNet
+from memfit.workload.knobs import checkpoint_candidates
+from memfit.workload.models import ResNet
 
 
 def run(mode: str, batch: int = 16, repeats: int = 10) -> float:

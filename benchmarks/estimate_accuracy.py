@@ -74,7 +74,7 @@ def _torch_version() -> str:
 
 def measure(args: argparse.Namespace) -> None:
     """Measure every workload on the GPU: uncapped run (+ snapshot), then cap bisection."""
-    from memfit.measure import measure as run_measure
+    from memfit.estimate.measure import measure as run_measure
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

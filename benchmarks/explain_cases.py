@@ -34,9 +34,9 @@ def profile_phases(spec: str, changes: dict) -> dict:
     """Run the protocol once and record, per phase, allocated memory at its start and the peak inside it."""
     import torch
 
-    from memfit.measure import _apply_changes
-    from memfit.protocol import build, run_steps
-    from memfit.workload import load_workload
+    from memfit.estimate.measure import _apply_changes
+    from memfit.workload.loading import load_workload
+    from memfit.workload.protocol import build, run_steps
 
     w = load_workload(spec)
     if changes:
@@ -85,14 +85,14 @@ def _profile_in_subprocess(spec: str, changes: dict) -> dict:
 
 
 def predict_case(name: str, budget: str, out: Path) -> None:
-    from memfit.explain import explain
+    from memfit.explain.explanation import explain
     from memfit.units import parse_bytes
-    from memfit.workload import load_workload
+    from memfit.workload.loading import load_workload
 
     spec = str(ROOT / "examples" / "explain" / f"{name}.py")
     e = explain(load_workload(spec), gpu="h100", budget_bytes=parse_bytes(budget))
     (out / f"{name}.explanation.json").write_text(e.to_json(indent=1))
-    from memfit.report import write_pngs, write_report
+    from memfit.report.html import write_pngs, write_report
 
     write_report(e, out / f"{name}.html")
     write_pngs(e, out / f"{name}_png")
@@ -100,7 +100,7 @@ def predict_case(name: str, budget: str, out: Path) -> None:
 
 
 def measure_case(name: str, budget: str, predictions: Path) -> dict:
-    from memfit.measure import measure, run_trial
+    from memfit.estimate.measure import measure, run_trial
     from memfit.units import parse_bytes
 
     spec = str(ROOT / "examples" / "explain" / f"{name}.py")

@@ -26,8 +26,8 @@ sys.path.insert(0, str(HERE))
 
 from memfit import Workload  # noqa: E402
 from memfit import _torch_private as tp  # noqa: E402
-from memfit.gpus import gpu_spec  # noqa: E402
-from memfit.trace import trace_workload  # noqa: E402
+from memfit.estimate.gpus import gpu_spec  # noqa: E402
+from memfit.estimate.trace import trace_workload  # noqa: E402
 
 
 def _ce(out, batch):  # noqa: ANN001, ANN202

@@ -51,8 +51,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memfit.guard import TrainStep
-from memfit.microbatch import count_tokens
+from memfit.guard.microbatch import count_tokens
+from memfit.guard.step import TrainStep
 
 SCHEMA = 1
 PAD = -100
@@ -299,7 +299,7 @@ def measure_single(s: Shape, env: Env, log: logging.Logger) -> dict[str, Any]:
 
         # (b) 20 forced OOMs; memory read right after each cleanup, compared with the step's start
         handler = AllocatedAtRecovery(env)
-        logging.getLogger("memfit.guard").addHandler(handler)
+        logging.getLogger("memfit.guard.step").addHandler(handler)
         leaks: list[int | None] = []
         forced, i = 0, 0
         try:
@@ -313,7 +313,7 @@ def measure_single(s: Shape, env: Env, log: logging.Logger) -> dict[str, Any]:
                 leaks += [None if v is None or baseline is None else v - baseline for v in handler.values]
                 i += 1
         finally:
-            logging.getLogger("memfit.guard").removeHandler(handler)
+            logging.getLogger("memfit.guard.step").removeHandler(handler)
         log.info("(b) %d forced OOMs, allocated - baseline: %s", forced, sorted(set(leaks), key=str))
 
         # (d) a step that first fails at twice the found size, vs a clean step at the found size

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from memfit.data.balance import BalancedBatchSampler  # noqa: E402
-from memfit.ranks import RankMemory, collect_rank_memory, diagnose, gather_rank_memory  # noqa: E402
-from memfit.shard import model_state_memory, shard_model  # noqa: E402
+from memfit.distributed.ranks import RankMemory, collect_rank_memory, diagnose, gather_rank_memory  # noqa: E402
+from memfit.distributed.shard import model_state_memory, shard_model  # noqa: E402
 
 MiB = 2**20
 

@@ -35,7 +35,7 @@ REFERENCE_BS = 2  # UNet_reference_val_corresp_bs_3d
 
 
 def _workload(patch: tuple[int, ...], batch: int):  # noqa: ANN202
-    from memfit.zoo import builtin_workload
+    from memfit.workload.zoo import builtin_workload
 
     return builtin_workload("unet3d").replace(patch_size=patch, patch_multiple=MULTIPLE, batch_size=batch)
 
@@ -44,7 +44,7 @@ def conv_output_elements(patch: tuple[int, ...]) -> int:
     """nnU-Net's VRAM proxy: conv (and transposed-conv) output elements of one sample at ``patch``."""
     import torch
 
-    from memfit.models import UNet
+    from memfit.workload.models import UNet
 
     total = 0
 
@@ -63,7 +63,7 @@ def conv_output_elements(patch: tuple[int, ...]) -> int:
 
 
 def nnunet_rule(budget_gb: float) -> dict:
-    from memfit.patch import patch_ladder
+    from memfit.plan.patch import patch_ladder
 
     reference = REFERENCE_3D * budget_gb / REFERENCE_GB
     for patch in patch_ladder(MEDIAN_SHAPE, MULTIPLE):
@@ -75,7 +75,7 @@ def nnunet_rule(budget_gb: float) -> dict:
 
 
 def predict(args: argparse.Namespace) -> None:
-    from memfit.patch import plan_patch
+    from memfit.plan.patch import plan_patch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,12 +98,12 @@ def predict(args: argparse.Namespace) -> None:
 def measure(args: argparse.Namespace) -> None:
     import torch
 
-    from memfit.measure import run_trial
+    from memfit.estimate.measure import run_trial
 
     pred = json.loads((Path(args.predictions) / "patch_vs_nnunet.json").read_text())
     # the allocator's share of a budget: less the CUDA context memfit assumes for a conv-only step (measured on
-    # an H200 in a fresh process: 639-641 MiB, memfit.gpus); measuring it here would count this process too
-    from memfit.gpus import gpu_spec
+    # an H200 in a fresh process: 639-641 MiB, memfit.estimate.gpus); measuring it here would count this process too
+    from memfit.estimate.gpus import gpu_spec
 
     context = gpu_spec("h200").context_bytes(uses_cublas=False)
     rows = []

@@ -41,7 +41,7 @@ IMPLS = ("foreach", "fused", "for-loop")
 
 
 def _workload(model: str):  # noqa: ANN202
-    from memfit.zoo import builtin_workload
+    from memfit.workload.zoo import builtin_workload
 
     return builtin_workload(MODELS[model][0])
 
@@ -50,10 +50,10 @@ def _workload(model: str):  # noqa: ANN202
 
 
 def predict(args: argparse.Namespace) -> None:
-    from memfit.estimate import estimate
-    from memfit.fixes import model_facts
-    from memfit.knobs import checkpoint_choices
-    from memfit.plan import plan
+    from memfit.estimate.predict import estimate
+    from memfit.explain.fixes import model_facts
+    from memfit.plan.search import plan
+    from memfit.workload.knobs import checkpoint_choices
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,7 @@ def memory_config(w, config: dict, cap_bytes: int | None = None) -> dict:  # noq
     """Peak memory of the protocol (3 steps, up to 2 micro-batches each) in this process, optionally capped."""
     import torch
 
-    from memfit.protocol import build, run_steps
+    from memfit.workload.protocol import build, run_steps
 
     cw = w.replace(**_changes(config))
     total = torch.cuda.get_device_properties(0).total_memory
@@ -164,7 +164,7 @@ def _clean() -> None:
 def measure(args: argparse.Namespace) -> None:
     import torch
 
-    from memfit.measure import run_trial
+    from memfit.estimate.measure import run_trial
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +174,7 @@ def measure(args: argparse.Namespace) -> None:
         pred = json.loads((Path(args.predictions) / f"{model}.json").read_text())
         w = _workload(model)
         # the allocator's share of each budget: the budget less the CUDA context the estimates assume
-        # (measured on an H200, memfit.gpus); measuring it here would count this process's own context too
+        # (measured on an H200, memfit.estimate.gpus); measuring it here would count this process's own context too
         context = pred["context_bytes"]
         caps = [b - context for b in pred["budgets"]]
         rows = []
@@ -231,7 +231,7 @@ def verify(args: argparse.Namespace) -> None:
     """Run each plan's choice under its budget's cap in a fresh process (plans made after the grid was measured)."""
     import torch
 
-    from memfit.measure import run_trial
+    from memfit.estimate.measure import run_trial
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -314,7 +314,7 @@ def _micro_and_opt(w, config: dict):  # noqa: ANN001, ANN202
 
     import torch
 
-    from memfit.protocol import autocast_dtype, build
+    from memfit.workload.protocol import autocast_dtype, build
 
     cw = w.replace(**_changes(config))
     model, optimizer, batch = build(cw, "cuda")
@@ -414,9 +414,9 @@ def _plan_changes(config: dict) -> dict:
 
 def _calibrated_plans(w, pred: dict, caps: list[int]) -> dict:  # noqa: ANN001
     """Calibrate the speed model on this GPU (timed), then plan each budget with it (planning timed too)."""
-    from memfit.gpus import detect_gpu
-    from memfit.plan import plan
-    from memfit.speed import calibrate
+    from memfit.estimate.gpus import detect_gpu
+    from memfit.plan.search import plan
+    from memfit.speed.step_time import calibrate
 
     started = time.perf_counter()
     calibration = calibrate(w.replace(accumulation_steps=1))
@@ -442,7 +442,7 @@ def _lightning(w, effective: int, cap: int) -> dict:  # noqa: ANN001
     except ImportError as exc:
         return {"error": f"lightning not importable: {exc}"}
 
-    from memfit.protocol import autocast_dtype
+    from memfit.workload.protocol import autocast_dtype
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:

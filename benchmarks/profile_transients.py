@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--names")
     args = parser.parse_args()
     import workloads
-    from memfit.protocol import build, run_steps
+    from memfit.workload.protocol import build, run_steps
 
     names = args.names.split(",") if args.names else workloads.SUITE
     result = {}

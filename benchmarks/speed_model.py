@@ -8,7 +8,7 @@ activation checkpointing of the first half of the blocks, gradient accumulation.
   that logs its loss each step), plus the peak memory;
 * **roofline**: ``predict_step_time`` with datasheet peaks and the default constants;
 * **calibrated**: the same after ``fit_calibration`` on the model's default configuration at 3 micro-batch sizes
-  (timed per phase as ``memfit.speed.calibrate`` does).
+  (timed per phase as ``memfit.speed.step_time.calibrate`` does).
 
 It reports per-config errors, Spearman rank correlations of samples/s, and for memory budgets at the 25/50/75/100th
 percentile of the measured peaks, how fast the configuration each model picks really is against the fastest
@@ -147,7 +147,7 @@ def _checkpoint_first_half(model: Any, name: str) -> Any:
 
 def workload(c: Config) -> Any:
 
-    from memfit.zoo import builtin_workload
+    from memfit.workload.zoo import builtin_workload
 
     w = builtin_workload(c.model)
     if c.model == "unet3d":
@@ -180,9 +180,9 @@ def _trace_one(c: Config) -> tuple[str, dict[str, Any] | None, str]:
 
     torch.set_num_threads(1)
     try:
-        from memfit.gpus import gpu_spec
-        from memfit.speed import StepCost
-        from memfit.trace import trace_workload
+        from memfit.estimate.gpus import gpu_spec
+        from memfit.estimate.trace import trace_workload
+        from memfit.speed.step_time import StepCost
 
         started = time.perf_counter()
         cost = StepCost.from_trace(trace_workload(workload(c), gpu_spec("h100"), steps=2), c.micro)
@@ -204,7 +204,7 @@ def trace_costs(configs: list[Config], workers: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ stage 2: measure
 def _is_oom(exc: BaseException) -> bool:
-    from memfit.oom import is_oom
+    from memfit.guard.oom import is_oom
 
     return is_oom(exc)
 
@@ -213,7 +213,7 @@ def time_steps(c: Config, *, warmup: int = 3, repeats: int = 5) -> dict[str, Any
     """Median step time of the real loop (k micro-batches, then the optimizer), and the peak memory."""
     import torch
 
-    from memfit.protocol import autocast_dtype, build
+    from memfit.workload.protocol import autocast_dtype, build
 
     w = workload(c)
     torch.cuda.reset_peak_memory_stats()
@@ -276,8 +276,8 @@ def measure(configs: list[Config], deadline: float) -> dict[str, Any]:
 
 
 def calibrate_models(models: list[str], costs: dict[str, Any], deadline: float) -> dict[str, Any]:
-    from memfit.gpus import detect_gpu
-    from memfit.speed import CalibrationSample, StepCost, _time_phases, fit_calibration
+    from memfit.estimate.gpus import detect_gpu
+    from memfit.speed.step_time import CalibrationSample, StepCost, _time_phases, fit_calibration
 
     spec = detect_gpu()
     out: dict[str, Any] = {}
@@ -329,8 +329,8 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 
 def report(configs: list[Config], costs: dict[str, Any], measured: dict[str, Any],
            calibrations: dict[str, Any]) -> dict[str, Any]:
-    from memfit.gpus import detect_gpu
-    from memfit.speed import StepCost, predict_step_time
+    from memfit.estimate.gpus import detect_gpu
+    from memfit.speed.step_time import StepCost, predict_step_time
 
     spec = detect_gpu()
     rows = []

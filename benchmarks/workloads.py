@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from memfit import Workload
-from memfit.models import deep_supervision_loss
-from memfit.zoo import builtin_workload
+from memfit.workload.models import deep_supervision_loss
+from memfit.workload.zoo import builtin_workload
 
 
 def _ce(out, batch):  # noqa: ANN001, ANN202

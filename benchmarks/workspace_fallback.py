@@ -13,9 +13,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from memfit.allocator import smallest_fitting_capacity  # noqa: E402
-from memfit.gpus import gpu_spec  # noqa: E402
-from memfit.trace import trace_workload  # noqa: E402
+from memfit.estimate.allocator import smallest_fitting_capacity  # noqa: E402
+from memfit.estimate.gpus import gpu_spec  # noqa: E402
+from memfit.estimate.trace import trace_workload  # noqa: E402
 
 MiB = 1 << 20
 

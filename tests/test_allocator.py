@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memfit.allocator import (
+from memfit.errors import UsageError
+from memfit.estimate.allocator import (
     AllocatorConfig,
     CachingAllocator,
     SimulatedOOM,
@@ -18,7 +19,6 @@ from memfit.allocator import (
     replay,
     smallest_fitting_capacity,
 )
-from memfit.errors import UsageError
 from memfit.units import MiB
 
 TRACES = Path(__file__).parent / "data" / "allocator_traces"
@@ -361,7 +361,7 @@ def test_allocator_module_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, memfit.allocator; assert 'torch' not in sys.modules"
+    code = "import sys, memfit.estimate.allocator; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(Path(__file__).parents[1] / "src")})
 
 

@@ -1,6 +1,6 @@
 import torch
 
-from memfit.cuda_emulation import CudaSemantics, cpu_only_autocast_ops, cuda_autocast_policy
+from memfit.estimate.cuda_emulation import CudaSemantics, cpu_only_autocast_ops, cuda_autocast_policy
 
 
 def test_policy_is_read_from_the_installed_torch_and_covers_the_usual_ops():

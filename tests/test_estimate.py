@@ -7,8 +7,8 @@ Each case runs the cap bisection of ``measure`` (a fresh process per try), a few
 import pytest
 
 from memfit import estimate, measure
-from memfit.gpus import detect_gpu
-from memfit.zoo import builtin_workload
+from memfit.estimate.gpus import detect_gpu
+from memfit.workload.zoo import builtin_workload
 
 # Small built-ins that fit any 16 GB card: an MLP, a CNN with cuDNN workspaces, a bf16 transformer with SDPA.
 CASES = [("mlp", 256), ("resnet50", 16), ("gpt2", 2)]

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from memfit import estimate
-from memfit.allocator import AllocatorConfig
-from memfit.explain import explain
-from memfit.models import UNet
-from memfit.patch import patch_ladder
-from memfit.plan import DEFAULT_MARGIN
-from memfit.workload import Workload
-from memfit.zoo import builtin_workload
+from memfit.estimate.allocator import AllocatorConfig
+from memfit.explain.explanation import explain
+from memfit.plan.patch import patch_ladder
+from memfit.plan.search import DEFAULT_MARGIN
+from memfit.workload.models import UNet
+from memfit.workload.spec import Workload
+from memfit.workload.zoo import builtin_workload
 
 
 def small_unet(batch_size: int = 4) -> Workload:
@@ -111,8 +111,8 @@ def test_explanation_is_json(unet_explained):
 @pytest.mark.gpu
 def test_gpu_top_fix_measured_within_the_estimators_bound():
     """On a real GPU: the top fix's measured peak allocated is within 5 % of its prediction."""
-    from memfit.gpus import detect_gpu
-    from memfit.measure import run_trial
+    from memfit.estimate.gpus import detect_gpu
+    from memfit.estimate.measure import run_trial
 
     e = explain(builtin_workload("unet2d"), gpu=detect_gpu())
     top = next(f for f in e.fixes if not f.allocator)

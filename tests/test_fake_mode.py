@@ -102,8 +102,8 @@ def test_batch_norm_statistics_dtype_matches_cuda():
 def test_in_a_trace_a_layer_norm_model_is_traced_the_same(monkeypatch):  # noqa: ANN001
     from memfit import Workload
     from memfit import _torch_private as tp
-    from memfit.gpus import gpu_spec
-    from memfit.trace import trace_workload
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.trace import trace_workload
 
     class Block(torch.nn.Module):
         def __init__(self) -> None:

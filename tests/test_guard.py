@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from conftest import StrictFakeCuda
-from memfit import count_tokens, microbatch
+from memfit import count_tokens
 from memfit.errors import NumericsError, OptimizerStepOOMError, StepOOMError, UsageError
-from memfit.guard import TrainStep
-from memfit.microbatch import split_batch
+from memfit.guard import microbatch
+from memfit.guard.microbatch import split_batch
+from memfit.guard.step import TrainStep
 
 TIGHT = {"rtol": 0.0, "atol": 1e-12}
 EXACT = {"rtol": 0.0, "atol": 0.0}
@@ -283,14 +284,14 @@ def test_retry_equals_a_run_that_started_at_the_smaller_size(kind: str) -> None:
 
 
 def test_batchnorm_warns_at_start(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="memfit.guard"):
+    with caplog.at_level(logging.WARNING, logger="memfit.guard.step"):
         guarded(make_model(batchnorm=True))
     assert "BatchNorm" in caplog.text
 
 
 def test_shrink_is_logged_with_sizes(caplog: pytest.LogCaptureFixture) -> None:
     step = guarded(make_model(), Injector(limit=4, phase="forward"), micro_batch_size=16)
-    with caplog.at_level(logging.WARNING, logger="memfit.guard"):
+    with caplog.at_level(logging.WARNING, logger="memfit.guard.step"):
         step(make_batches(1, 16)[0])
     assert "micro-batch size 16 -> 8" in caplog.text and "micro-batch size 8 -> 4" in caplog.text
     assert "forward of micro-batch 1/1" in caplog.text

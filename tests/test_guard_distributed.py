@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from memfit.errors import RankAgreementError
-from memfit.guard import TrainStep
+from memfit.guard.step import TrainStep
 
 GLOBAL_BATCH = 32
 STEPS = 3

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from memfit import WorkloadError, estimate
-from memfit.knobs import apply_checkpointing, checkpoint_candidates, set_optimizer_impl
-from memfit.models import GPT, ResNet, UNet
-from memfit.zoo import builtin_workload
+from memfit.workload.knobs import apply_checkpointing, checkpoint_candidates, set_optimizer_impl
+from memfit.workload.models import GPT, ResNet, UNet
+from memfit.workload.zoo import builtin_workload
 
 
 def test_checkpoint_candidates_are_the_blocks_users_checkpoint():

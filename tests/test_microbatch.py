@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memfit.errors import UsageError
-from memfit.microbatch import batch_size, count_tokens, shape_key, split_batch, to_device
+from memfit.guard.microbatch import batch_size, count_tokens, shape_key, split_batch, to_device
 
 Pair = namedtuple("Pair", ["x", "y"])
 

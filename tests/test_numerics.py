@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from memfit.numerics import LossWatch
+from memfit.guard.numerics import LossWatch
 
 
 def test_finite_losses_pass() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memfit.errors import OptimizerStepOOMError, StepOOMError
-from memfit.oom import is_oom
+from memfit.guard.oom import is_oom
 
 OOM_MESSAGES = [
     # caching allocator, torch 2.0-2.1

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from memfit.errors import UsageError
-from memfit.estimate import Estimate
-from memfit.oom_diagnosis import diagnose_oom
-from memfit.oom_message import OomMessage, load_oom_text, parse_oom_message
+from memfit.estimate.predict import Estimate
+from memfit.explain.oom_diagnosis import diagnose_oom
+from memfit.explain.oom_message import OomMessage, load_oom_text, parse_oom_message
 from memfit.units import GiB, KiB, MiB
 
 
@@ -443,8 +443,8 @@ def test_an_estimate_that_fits_points_at_the_run() -> None:
 
 
 def test_diagnosis_with_a_real_estimate_of_a_builtin_workload() -> None:
-    from memfit.estimate import estimate
-    from memfit.zoo import builtin_workload
+    from memfit.estimate.predict import estimate
+    from memfit.workload.zoo import builtin_workload
 
     est = estimate(builtin_workload("mlp").replace(batch_size=4))
     d = diagnose_oom(parse_oom_message(TORCH_2_2_CONTAINER), est)
@@ -454,12 +454,12 @@ def test_diagnosis_with_a_real_estimate_of_a_builtin_workload() -> None:
     assert json.loads(json.dumps(d.to_dict()))["schema"] == 1
 
 
-def test_the_cli_and_explain_import_everything_from_oom_message() -> None:
-    import memfit.oom_message as om
+def test_the_parser_does_not_import_its_consumer() -> None:
+    """oom_message reads text into numbers; oom_diagnosis reads numbers. The parser knows nothing of the diagnosis."""
+    from memfit.explain import oom_message as om
 
-    assert om.diagnose_oom is diagnose_oom and {"diagnose_oom", "load_oom_text", "parse_oom_message"} <= set(
-        om.__all__
-    )
+    assert not hasattr(om, "diagnose_oom") and "diagnose_oom" not in om.__all__
+    assert {"load_oom_text", "parse_oom_message"} <= set(om.__all__)
 
 
 def test_findings_are_plain_sentences_for_every_format() -> None:

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from memfit import BudgetTooSmallError, estimate
-from memfit.models import UNet
-from memfit.patch import patch_ladder, plan_patch
-from memfit.plan import Plan, _Search, plan
-from memfit.workload import Workload
+from memfit.plan.patch import patch_ladder, plan_patch
+from memfit.plan.search import Plan, Search, plan
+from memfit.workload.models import UNet
+from memfit.workload.spec import Workload
 
 EFFECTIVE = 8
 
@@ -35,7 +35,7 @@ def fake_step_time(self, config):  # noqa: ANN001
 
 @pytest.fixture(autouse=True)
 def mocked_speed(monkeypatch):  # noqa: ANN001
-    monkeypatch.setattr(_Search, "step_time", fake_step_time)
+    monkeypatch.setattr(Search, "step_time", fake_step_time)
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +118,9 @@ def test_patch_search_picks_the_largest_patch_that_fits():
 @pytest.mark.gpu
 def test_gpu_plan_runs_under_its_budget_cap():
     """On a real GPU: the planned configuration of a built-in runs under a cap of budget - CUDA context."""
-    from memfit.gpus import detect_gpu
-    from memfit.measure import run_trial
-    from memfit.zoo import builtin_workload
+    from memfit.estimate.gpus import detect_gpu
+    from memfit.estimate.measure import run_trial
+    from memfit.workload.zoo import builtin_workload
 
     gpu = detect_gpu()
     w = builtin_workload("resnet50")

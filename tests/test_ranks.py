@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from memfit.ranks import RankMemory, RankReport, collect_rank_memory, diagnose, gather_rank_memory
+from memfit.distributed.ranks import RankMemory, RankReport, collect_rank_memory, diagnose, gather_rank_memory
 
 GiB = 2**30
 

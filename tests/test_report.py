@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from memfit.errors import MissingExtraError, UsageError
-from memfit.estimate import Estimate, estimate
-from memfit.explain import BlockMemory, Explanation, Fix, Part
-from memfit.trace import CATEGORIES
-from memfit.zoo import builtin_workload
+from memfit.estimate.predict import Estimate, estimate
+from memfit.estimate.trace import CATEGORIES
+from memfit.explain.explanation import BlockMemory, Explanation, Fix, Part
+from memfit.workload.zoo import builtin_workload
 
 pytest.importorskip("matplotlib")
 
-from memfit import plots  # noqa: E402
-from memfit.report import write_pngs, write_report  # noqa: E402
+from memfit.report import figures as plots  # noqa: E402
+from memfit.report.html import write_pngs, write_report  # noqa: E402
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -146,7 +146,7 @@ def test_missing_matplotlib_names_the_extra(est: Estimate, monkeypatch: pytest.M
 
 def test_import_stays_light() -> None:
     """The rendering modules load matplotlib (and never torch) only when a picture is drawn."""
-    code = ("import sys, memfit.plots, memfit.report; "
+    code = ("import sys, memfit.report.figures, memfit.report.html; "
             "print(','.join(m for m in ('matplotlib', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from conftest import StrictFakeCuda
-from memfit.rollback import Snapshot, memory_in_use, resolve_device
+from memfit.guard.rollback import Snapshot, memory_in_use, resolve_device
 
 
 def test_bare_cuda_resolves_to_the_current_device(strict_fake_cuda: StrictFakeCuda) -> None:

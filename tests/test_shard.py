@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from memfit.shard import compare_sharding, find_blocks, model_state_memory, shard_model
+from memfit.distributed.shard import compare_sharding, find_blocks, model_state_memory, shard_model
 
 
 class Block(nn.Module):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import StrictFakeCuda
-from memfit.sizing import UNBOUNDED, MicroBatchSizer
+from memfit.guard.sizing import UNBOUNDED, MicroBatchSizer
 
 GIB = 2**30
 KEY = ((128,),)

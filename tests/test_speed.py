@@ -12,10 +12,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memfit import Workload, speed
-from memfit.estimate import estimate
-from memfit.gpus import gpu_spec
-from memfit.speed import (
+from memfit import Workload
+from memfit.estimate.gpus import gpu_spec
+from memfit.estimate.predict import estimate
+from memfit.estimate.trace import trace_workload
+from memfit.speed import step_time as speed
+from memfit.speed.step_time import (
     ROOFLINE,
     Calibration,
     SpeedParams,
@@ -24,7 +26,6 @@ from memfit.speed import (
     fit_calibration,
     predict_step_time,
 )
-from memfit.trace import trace_workload
 
 GPU = gpu_spec("h100")
 IN, HIDDEN, OUT = 256, 1024, 512

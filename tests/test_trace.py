@@ -7,8 +7,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from memfit import Workload
-from memfit.gpus import gpu_spec
-from memfit.trace import _output_tensors, trace_workload
+from memfit.estimate.gpus import gpu_spec
+from memfit.estimate.trace import _output_tensors, trace_workload
 
 MiB = 1 << 20
 GPU = gpu_spec("h100")
@@ -219,9 +219,9 @@ def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
 
 
 def test_copied_steps_equal_traced_steps():
-    from memfit.allocator import replay, smallest_fitting_capacity
-    from memfit.trace import _trace
-    from memfit.zoo import builtin_workload
+    from memfit.estimate.allocator import replay, smallest_fitting_capacity
+    from memfit.estimate.trace import _trace
+    from memfit.workload.zoo import builtin_workload
 
     w = builtin_workload("mlp").replace(batch_size=64)
     full, fast = _trace(w, GPU, steps=3), trace_workload(w, GPU, steps=3)
@@ -232,7 +232,7 @@ def test_copied_steps_equal_traced_steps():
 
 
 def _traced_without_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
-    import memfit.trace as tr
+    from memfit.estimate import trace as tr
 
     with monkeypatch.context() as m:
         m.setattr(tr, "_replay_forward_backward", lambda *a: False)
@@ -241,7 +241,7 @@ def _traced_without_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noq
 
 def _traced_with_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
     """The trace, and what each step's call to ``_replay_forward_backward`` answered."""
-    import memfit.trace as tr
+    from memfit.estimate import trace as tr
 
     calls: list[bool] = []
     original = tr._replay_forward_backward
@@ -328,7 +328,7 @@ def test_tied_weight_grads_are_summed_in_place_as_on_cuda(monkeypatch):  # noqa:
 def test_never_allocates_real_memory_for_a_big_3d_unet():
     import resource
 
-    from memfit.zoo import builtin_workload
+    from memfit.workload.zoo import builtin_workload
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     trace = trace_workload(builtin_workload("unet3d"), GPU, steps=2)
@@ -342,9 +342,9 @@ def test_frees_after_the_trace_ended_are_not_recorded():
     """A fake storage reaped by a later garbage collection must not add a free to a finished trace."""
     import gc
 
-    from memfit.gpus import gpu_spec
-    from memfit.trace import trace_workload
-    from memfit.zoo import builtin_workload
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.trace import trace_workload
+    from memfit.workload.zoo import builtin_workload
 
     trace = trace_workload(builtin_workload("mlp").replace(batch_size=4), gpu_spec(None))
     n = len(trace.ops)
@@ -356,9 +356,9 @@ def test_cuda_context_counts_cublas_only_when_the_step_calls_it():
     """Measured on an H200: 639-641 MiB outside the allocator for conv-only nets, 767-771 MiB with cuBLAS."""
     import torch
 
-    from memfit.estimate import estimate
-    from memfit.gpus import gpu_spec
-    from memfit.workload import Workload
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.predict import estimate
+    from memfit.workload.spec import Workload
 
     def step(model):  # noqa: ANN001, ANN202
         return Workload(model=model, batch=lambda n: (torch.randn(n, 3, 16, 16),),

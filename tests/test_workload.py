@@ -5,8 +5,8 @@ import torch
 
 from memfit import Workload
 from memfit.errors import WorkloadError
-from memfit.workload import load_workload
-from memfit.zoo import builtin_names, builtin_workload
+from memfit.workload.loading import load_workload
+from memfit.workload.zoo import builtin_names, builtin_workload
 
 
 def _w(**kw):  # noqa: ANN003, ANN202
@@ -94,14 +94,14 @@ def test_every_builtin_builds_a_workload():
 )
 def test_knob_fields_are_validated(changes, message):  # noqa: ANN001
     from memfit import WorkloadError
-    from memfit.zoo import builtin_workload
+    from memfit.workload.zoo import builtin_workload
 
     with pytest.raises(WorkloadError, match=message):
         builtin_workload("mlp").replace(**changes)
 
 
 def test_effective_batch_and_patch_batch():
-    from memfit.zoo import builtin_workload
+    from memfit.workload.zoo import builtin_workload
 
     w = builtin_workload("unet3d").replace(batch_size=2, accumulation_steps=3, patch_size=(32, 64, 32))
     assert w.effective_batch_size == 6

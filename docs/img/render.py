@@ -13,11 +13,11 @@ from pathlib import Path
 
 from PIL import Image
 
-from memfit.explain import explain
-from memfit.plots import fixes_figure, timeline_figure
-from memfit.report import write_report
+from memfit.explain.explanation import explain
+from memfit.report.figures import fixes_figure, timeline_figure
+from memfit.report.html import write_report
 from memfit.units import GiB
-from memfit.zoo import builtin_workload
+from memfit.workload.zoo import builtin_workload
 
 HERE = Path(__file__).parent
 CASES = (("unet2d", 1, 5 * GiB), ("gpt2", 8, 8 * GiB))

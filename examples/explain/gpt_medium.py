@@ -7,7 +7,7 @@ the first optimizer step, where AdamW creates its state while the gradients are 
 import torch
 
 import memfit
-from memfit.models import GPT
+from memfit.workload.models import GPT
 
 workload = memfit.Workload(
     name="gpt-medium",

@@ -7,7 +7,7 @@ patch at batch 2: too much for a 12 GiB card.
 import torch
 
 import memfit
-from memfit.models import UNet, deep_supervision_loss
+from memfit.workload.models import UNet, deep_supervision_loss
 
 workload = memfit.Workload(
     name="nnunet-3d-192",

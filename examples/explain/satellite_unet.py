@@ -6,7 +6,7 @@
 import torch
 
 import memfit
-from memfit.models import UNet
+from memfit.workload.models import UNet
 
 workload = memfit.Workload(
     name="satellite-unet",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NoReturn, Optional
 import typer
 
 if TYPE_CHECKING:
-    from memfit.explain import Explanation
+    from memfit.explain.explanation import Explanation
 
 from memfit.errors import MemfitError
 
@@ -23,7 +23,8 @@ def _fail(message: str) -> NoReturn:
 
 
 def _load(spec: str, batch_size: Optional[int], precision: Optional[str]):  # noqa: ANN202
-    from memfit.workload import PRECISIONS, load_workload
+    from memfit.workload.loading import load_workload
+    from memfit.workload.spec import PRECISIONS
 
     if precision is not None and precision not in PRECISIONS:
         _fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
@@ -45,7 +46,7 @@ def estimate(
     compare: bool = typer.Option(False, "--compare", help="Also measure on this machine's GPU, side by side."),
 ) -> None:
     """Predict the peak GPU memory of a training step, without a GPU."""
-    from memfit.estimate import estimate as run_estimate
+    from memfit.estimate.predict import estimate as run_estimate
     from memfit.units import parse_bytes
 
     budget_bytes = parse_bytes(budget) if budget is not None else None
@@ -60,7 +61,7 @@ def estimate(
     est = run_estimate(w, gpu=gpu)
     measured = None
     if compare:
-        from memfit.measure import measure
+        from memfit.estimate.measure import measure
 
         measured = measure(workload, batch_size=batch_size, precision=precision, hint_bytes=est.fits_in_bytes)
     if json_out:
@@ -77,7 +78,7 @@ def estimate(
         return
     from rich.console import Console
 
-    from memfit.render import render_estimate
+    from memfit.report.terminal import render_estimate
 
     render_estimate(est, Console(), budget_bytes=budget_bytes, measured=measured)
 
@@ -92,7 +93,7 @@ def measure(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run the same protocol for real on this machine's GPU and report the same fields."""
-    from memfit.measure import measure as run_measure
+    from memfit.estimate.measure import measure as run_measure
 
     _load(workload, batch_size, precision)  # validate before starting GPU processes
     m = run_measure(workload, batch_size=batch_size, precision=precision, bisect=bisect, snapshot=snapshot)
@@ -103,7 +104,7 @@ def measure(
         return
     from rich.console import Console
 
-    from memfit.render import render_measurement
+    from memfit.report.terminal import render_measurement
 
     render_measurement(m, Console())
 
@@ -127,7 +128,7 @@ def explain(
     budget_bytes = parse_bytes(budget) if budget is not None else None
     oom_text = None
     if oom is not None:
-        from memfit.oom_message import load_oom_text
+        from memfit.explain.oom_message import load_oom_text
 
         oom_text = load_oom_text(oom)
     if workload is None:
@@ -135,7 +136,7 @@ def explain(
             _fail("give a workload (a built-in name or path/to/file.py) or --oom with a CUDA OOM message.")
         _explain_oom_only(oom_text, json_out)
         return
-    from memfit.explain import explain as run_explain
+    from memfit.explain.explanation import explain as run_explain
 
     w = _load(workload, batch_size, precision)
     e = run_explain(w, gpu=gpu, budget_bytes=budget_bytes, oom_text=oom_text, fixes=not no_fixes)
@@ -145,7 +146,7 @@ def explain(
         return
     from rich.console import Console
 
-    from memfit.render import render_explanation
+    from memfit.report.terminal import render_explanation
 
     console = Console()
     render_explanation(e, console)
@@ -156,7 +157,8 @@ def explain(
 def _explain_oom_only(oom_text: str, json_out: bool) -> None:
     import json
 
-    from memfit.oom_message import diagnose_oom, parse_oom_message
+    from memfit.explain.oom_diagnosis import diagnose_oom
+    from memfit.explain.oom_message import parse_oom_message
 
     diagnosis = diagnose_oom(parse_oom_message(oom_text)).to_dict()
     if json_out:
@@ -164,7 +166,7 @@ def _explain_oom_only(oom_text: str, json_out: bool) -> None:
         return
     from rich.console import Console
 
-    from memfit.render import render_oom
+    from memfit.report.terminal import render_oom
 
     render_oom(diagnosis, Console())
 
@@ -172,11 +174,11 @@ def _explain_oom_only(oom_text: str, json_out: bool) -> None:
 def _write_pictures(e: Explanation, report: Optional[str], png_dir: Optional[str]) -> list[str]:
     written: list[str] = []
     if report is not None:
-        from memfit.report import write_report
+        from memfit.report.html import write_report
 
         written.append(str(write_report(e, report)))
     if png_dir is not None:
-        from memfit.report import write_pngs
+        from memfit.report.html import write_pngs
 
         written.extend(str(p) for p in write_pngs(e, png_dir))
     return written
@@ -208,16 +210,16 @@ def plan(
     w = _load(workload, None, precision)
     calibration = None
     if calibrate:
-        from memfit.speed import calibrate as run_calibration
+        from memfit.speed.step_time import calibrate as run_calibration
 
         calibration = run_calibration(w)
     if patch:
-        from memfit.patch import plan_patch
+        from memfit.plan.patch import plan_patch
 
         result = plan_patch(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=gpu, margin=margin,
                             calibration=calibration)
     else:
-        from memfit.plan import plan as run_plan
+        from memfit.plan.search import plan as run_plan
 
         result = run_plan(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=gpu, margin=margin,
                           allow_precision_change=allow_precision_change, calibration=calibration)
@@ -225,7 +227,7 @@ def plan(
     if save is not None:
         written.append(str(result.save(save)))
     if plot is not None:
-        from memfit.plots import save_frontier_png
+        from memfit.report.figures import save_frontier_png
 
         written.append(str(save_frontier_png(result, plot)))
     if json_out:
@@ -233,7 +235,7 @@ def plan(
         return
     from rich.console import Console
 
-    from memfit.render import render_plan
+    from memfit.report.terminal import render_plan
 
     console = Console()
     render_plan(result, console)
@@ -244,7 +246,7 @@ def plan(
 @app.command("list")
 def list_builtins() -> None:
     """List the built-in workloads."""
-    from memfit.zoo import builtin_names
+    from memfit.workload.zoo import builtin_names
 
     for name, summary in builtin_names().items():
         typer.echo(f"{name:12s} {summary}")

@@ -1,0 +1,338 @@
+"""Make fake *CPU* tensors allocate what CUDA kernels would allocate.
+
+A CPU-only machine cannot run a training step on fake CUDA tensors (the CUDA autograd engine needs a device), so
+memfit traces on fake CPU tensors and switches, for the duration of a trace, the few places where CPU and CUDA
+kernels keep different tensors alive:
+
+* **Autocast policy.** CPU autocast casts a different list of ops than CUDA autocast (e.g. CUDA runs
+  ``layer_norm``, ``softmax`` and upsampling in fp32; CPU runs ``max_pool3d`` and ``cross_entropy_loss`` in
+  fp32). The ``AutocastCPU`` kernels are replaced by kernels that apply CUDA's policy, read from the installed
+  torch's own ``ATen/autocast_mode.h``, including its cache of casted fp32 weights.
+* **Dropout.** CUDA's fused ``native_dropout`` saves a 1-byte mask; CPU's composite saves a float noise tensor.
+* **Attention.** CUDA's ``scaled_dot_product_attention`` runs a fused kernel (flash / memory-efficient) that
+  saves the output and a log-sum-exp; CPU may pick the math path, which materialises B*H*L*L probabilities.
+
+Everything is scoped by a ``with`` block and undone on exit. Checked against the real AutocastCUDA kernels on fake
+CUDA tensors (research/feasibility.md section 4: forward peaks agree within 0.2 MiB on 6 workloads).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from memfit import _torch_private as tp
+from memfit.estimate.workspaces import (
+    lstm_backward_transient_bytes,
+    lstm_forward_transient_bytes,
+    lstm_reserve_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+LOWER, FP32, SET_OPT_DTYPE, PROMOTE = "lower_precision_fp", "fp32", "fp32_set_opt_dtype", "promote"
+
+_MACROS = {
+    "AT_FORALL_LOWER_PRECISION_FP": LOWER,
+    "AT_FORALL_FP32": FP32,
+    "AT_FORALL_FP32_SET_OPT_DTYPE": SET_OPT_DTYPE,
+    "AT_FORALL_PROMOTE": PROMOTE,
+}
+
+# Used only where the installed torch ships no headers. Source: aten/src/ATen/autocast_mode.h (torch 2.13).
+_FALLBACK_POLICY: dict[str, str] = {
+    **{n: LOWER for n in (
+        "_convolution.deprecated _convolution conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d.input "
+        "conv_transpose3d.input convolution prelu addmm addmv addr matmul einsum mm mv linalg_vecdot linear addbmm "
+        "baddbmm bmm chain_matmul linalg_multi_dot _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell "
+        "rnn_tanh_cell rnn_relu_cell _scaled_dot_product_flash_attention scaled_dot_product_attention").split()},
+    **{n: FP32 for n in (
+        "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow.Tensor_Scalar "
+        "pow.Tensor_Tensor pow.Scalar softplus layer_norm native_layer_norm rms_norm group_norm frobenius_norm.dim "
+        "nuclear_norm nuclear_norm.dim cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d "
+        "hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss "
+        "multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss "
+        "binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp upsample_nearest1d "
+        "_upsample_nearest_exact1d upsample_nearest2d _upsample_nearest_exact2d upsample_nearest3d "
+        "_upsample_nearest_exact3d upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa "
+        "upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa").split()},
+    **{n: SET_OPT_DTYPE for n in (
+        "prod prod.dim_int softmax.int log_softmax.int cumprod cumsum linalg_vector_norm linalg_matrix_norm "
+        "linalg_matrix_norm.str_ord sum sum.dim_IntList").split()},
+    **{n: PROMOTE for n in "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add".split()},
+}
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_autocast_policy() -> dict[str, str]:
+    """``{"aten op.overload": policy}`` for CUDA autocast, read from the installed torch's autocast_mode.h."""
+    try:
+        with open(tp.autocast_header_path()) as f:
+            text = f.read()
+    except OSError:
+        log.info("torch ships no ATen headers; using memfit's copy of CUDA's autocast lists (torch 2.13)")
+        return dict(_FALLBACK_POLICY)
+    policy: dict[str, str] = {}
+    for macro, kind in _MACROS.items():
+        match = re.search(rf"#define {macro}\(_\)(.*?)(?:\n\s*\n|\n#)", text, re.S)
+        if match is None:
+            continue
+        for entry in re.findall(r"_\(([^)]*)\)", match.group(1)):
+            parts = [p.strip() for p in entry.split(",")]
+            name = parts[0] if len(parts) == 1 else f"{parts[0]}.{parts[1]}"
+            policy[name] = kind
+    return policy or dict(_FALLBACK_POLICY)
+
+
+def _overload(name: str) -> tp.OpOverload | None:
+    base, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        return None
+    return getattr(packet, overload or "default", None)
+
+
+def _eligible(t: Any) -> bool:
+    # CUDA autocast casts floating tensors on its device, never float64 (autocast_mode.h: is_eligible)
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+
+class _CastCache:
+    """Autocast's cache of lower-precision copies of fp32 leaf weights, cleared when autocast exits.
+
+    It matters for memory: the bf16 copy of a weight lives until the outermost autocast region ends.
+    """
+
+    def __init__(self) -> None:
+        self._casts: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+    def cast(self, t: torch.Tensor, dtype: torch.dtype, lower: torch.dtype) -> torch.Tensor:
+        if t.dtype == dtype:
+            return t
+        cacheable = (
+            dtype == lower and t.dtype == torch.float32 and t.requires_grad and t.is_leaf and not t._is_view()
+        )
+        if not cacheable:
+            return t.to(dtype)
+        hit = self._casts.get(id(t))
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        casted = t.to(dtype)
+        self._casts[id(t)] = (weakref.ref(t), casted)
+        return casted
+
+    def clear(self) -> None:
+        self._casts.clear()
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value) if _eligible(value) else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(fn, v) for v in value)
+    return value
+
+
+def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Callable[..., Any]:
+    arg_names = [a.name for a in op._schema.arguments]
+    dtype_pos = arg_names.index("dtype") if "dtype" in arg_names else None
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        lower = torch.get_autocast_dtype("cpu")
+        with tp.exclude_dispatch_key("AutocastCPU"):
+            if policy == LOWER:
+                cast = functools.partial(cache.cast, dtype=lower, lower=lower)
+                args, kwargs = _map_tensors(cast, args), {k: _map_tensors(cast, v) for k, v in kwargs.items()}
+            elif policy == FP32:
+                cast = functools.partial(cache.cast, dtype=torch.float32, lower=lower)
+                args, kwargs = _map_tensors(cast, args), {k: _map_tensors(cast, v) for k, v in kwargs.items()}
+            elif policy == SET_OPT_DTYPE:
+                if args and _eligible(args[0]) and dtype_pos is not None:
+                    if dtype_pos < len(args):
+                        if args[dtype_pos] is None:
+                            args = (*args[:dtype_pos], torch.float32, *args[dtype_pos + 1 :])
+                    elif kwargs.get("dtype") is None:
+                        kwargs = {**kwargs, "dtype": torch.float32}
+            elif policy == PROMOTE:
+                widest = lower
+                for value in (*args, *kwargs.values()):
+                    for t in value if isinstance(value, (list, tuple)) else (value,):
+                        if _eligible(t):
+                            widest = torch.promote_types(widest, t.dtype)
+                cast = functools.partial(cache.cast, dtype=widest, lower=lower)
+                args, kwargs = _map_tensors(cast, args), {k: _map_tensors(cast, v) for k, v in kwargs.items()}
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    # aten/src/ATen/native/Dropout.cpp: on CUDA, training dropout with 0 < p < 1 is the fused native_dropout,
+    # which keeps a bool mask (1 B/element) for backward instead of a float noise tensor.
+    if train and 0 < p < 1 and input.numel() > 0:
+        return torch.ops.aten.native_dropout.default(input, p, train)[0]
+    if train and p == 1:
+        return input * 0
+    return input
+
+
+def _cuda_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    # On sm80+ CUDA picks a fused kernel (flash for fp16/bf16 without a mask, else memory-efficient or cuDNN);
+    # all of them save the output and a float32 log-sum-exp of B*H*L, never the B*H*L*L probabilities.
+    # The CPU flash kernel keeps exactly those tensors, so it stands in for them.
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+    if query.dim() != 4 or not (query.dtype == key.dtype == value.dtype):
+        return torch.ops.aten._scaled_dot_product_attention_math.default(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale
+        )[0]
+    if attn_mask is not None and attn_mask.requires_grad:
+        # a learned bias (T5's relative positions): only the memory-efficient kernel returns its grad, so CUDA
+        # runs that one (the CPU flash kernel refuses it). Its meta kernel gives CUDA's saved tensors: the
+        # output and a log-sum-exp padded to a multiple of 32 queries; in backward, a grad of the expanded bias
+        # with its keys padded to a multiple of 16 (tests/test_trace.py checks the kernel and the log-sum-exp on CUDA).
+        if attn_mask.dtype != query.dtype:
+            return torch.ops.aten._scaled_dot_product_attention_math.default(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale
+            )[0]
+        bias = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        return torch.ops.aten._scaled_dot_product_efficient_attention.default(
+            query, key, value, bias, True, dropout_p, is_causal, scale=scale
+        )[0]
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )[0]
+    return out
+
+
+class _CudnnLSTM(torch.autograd.Function):
+    """Allocates what cuDNN's fused LSTM keeps: outputs, a reserve buffer for backward, and its backward
+    transients (memfit.estimate.workspaces has the measured rule). No arithmetic: shapes and lifetimes only."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, layers: int, directions: int,
+                batch_first: bool, *params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
+        hidden = hx.shape[-1]
+        out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
+        output = input.new_empty(out_shape)
+        workspace = input.new_empty(
+            lstm_forward_transient_bytes(seq, batch, hidden, layers, directions, input.element_size()),
+            dtype=torch.uint8,
+        )
+        del workspace  # taken and given back inside the cuDNN call
+        reserve = input.new_empty(
+            lstm_reserve_bytes(seq, batch, hidden, layers, directions, input.element_size()), dtype=torch.uint8
+        )
+        ctx.save_for_backward(input, hx, cx, output, reserve, *params)
+        ctx.dims = (seq, batch, hidden, layers, directions)
+        return output, hx.new_empty(hx.shape), cx.new_empty(cx.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_hy: torch.Tensor, grad_cy: torch.Tensor) -> Any:
+        input, hx, cx, output, reserve, *params = ctx.saved_tensors
+        seq, batch, hidden, layers, directions = ctx.dims
+        workspace = input.new_empty(
+            lstm_backward_transient_bytes(seq, batch, hidden, layers, directions, input.element_size()),
+            dtype=torch.uint8,
+        )
+        del workspace  # taken and given back inside the cuDNN call
+        grads = [p.new_empty(p.shape) for p in params]
+        return (input.new_empty(input.shape), hx.new_empty(hx.shape), cx.new_empty(cx.shape), None, None, None,
+                *grads)
+
+
+def _cuda_lstm(input: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor], has_biases: bool,
+               num_layers: int, dropout: float, train: bool, bidirectional: bool,
+               batch_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # aten/src/ATen/native/RNN.cpp: on CUDA, nn.LSTM runs cuDNN's fused RNN (_cudnn_rnn) whenever cuDNN accepts
+    # the input; on CPU it runs layer-by-layer cells with different saved tensors.
+    directions = 2 if bidirectional else 1
+    out, hy, cy = _CudnnLSTM.apply(input, hx[0], hx[1], num_layers, directions, batch_first, *params)
+    return out, hy, cy
+
+
+class CudaSemantics:
+    """Context manager: while inside, CPU (fake) tensors allocate as CUDA kernels would.
+
+    Example:
+        >>> with CudaSemantics():
+        ...     y = torch.nn.functional.dropout(torch.ones(4), 0.5)
+    """
+
+    def __init__(self) -> None:
+        self.cache = _CastCache()
+        self._override = tp.override_library("aten")
+        self._saved_clear: Callable[[], None] | None = None
+
+    def __enter__(self) -> CudaSemantics:
+        lib = self._override.__enter__()
+        policy = cuda_autocast_policy()
+        for name, kind in policy.items():
+            op = _overload(name)
+            if op is not None:
+                lib.impl(name, _autocast_kernel(op, kind, self.cache), "AutocastCPU")
+        lib.impl("binary_cross_entropy", _banned_bce, "AutocastCPU")
+        # CPU-only autocast kernels (max_pool3d, cross_entropy_loss in fp32, ...) must not fire: fall through,
+        # so composites decompose and their parts get CUDA's policy.
+        for name in cpu_only_autocast_ops(tuple(policy)):
+            lib.impl(name, tp.fallthrough_kernel, "AutocastCPU")
+        lib.impl("dropout", _cuda_dropout, "CompositeImplicitAutograd")
+        lib.impl("scaled_dot_product_attention", _cuda_sdpa, "CompositeImplicitAutograd")
+        lib.impl("lstm.input", _cuda_lstm, "CompositeImplicitAutograd")
+        # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
+        self._saved_clear = torch.clear_autocast_cache
+        saved, cache = self._saved_clear, self.cache
+
+        def clear_autocast_cache() -> None:
+            cache.clear()
+            saved()
+
+        torch.clear_autocast_cache = clear_autocast_cache
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved_clear is not None:
+            torch.clear_autocast_cache = self._saved_clear
+            self._saved_clear = None
+        self.cache.clear()
+        self._override.__exit__(*exc)
+
+
+def _banned_bce(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError(
+        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast on CUDA. "
+        "Use binary_cross_entropy_with_logits / BCEWithLogitsLoss (CUDA autocast refuses it too)."
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def cpu_only_autocast_ops(cuda_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """Ops with an AutocastCPU kernel that CUDA autocast leaves alone (``aten::`` prefix stripped)."""
+    cuda = set(cuda_ops)
+    names = []
+    for full in tp.all_op_names():
+        if not full.startswith("aten::"):
+            continue
+        name = full[len("aten::") :]
+        if name in cuda or name == "binary_cross_entropy":
+            continue
+        if tp.has_kernel(full, "AutocastCPU"):
+            names.append(name)
+    return tuple(names)

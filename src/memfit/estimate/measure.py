@@ -1,0 +1,251 @@
+"""``measure()``: run the protocol for real on a CUDA GPU and report the same fields as ``estimate()``.
+
+The smallest memory cap that runs without OOM is found by bisection over
+``torch.cuda.set_per_process_memory_fraction``, each try in a fresh process so no allocator cache carries over.
+Run ``python -m memfit.measure SPEC [--fraction F]`` to get one try as JSON (what the bisection calls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memfit import _torch_private as tp
+from memfit.errors import DeviceError
+from memfit.workload.loading import load_workload
+from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run of the protocol in its own process, optionally under a memory cap."""
+
+    ok: bool
+    cap_bytes: int | None
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    outside_allocator_bytes: int
+    num_alloc_retries: int
+    elapsed_s: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Measured memory of the protocol on a real GPU."""
+
+    workload: str
+    batch_size: int
+    precision: str
+    gpu: str
+    total_bytes: int
+    torch_version: str
+    cuda_version: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    fits_in_bytes: int | None
+    """Smallest cap found by bisection (None when the bisection was skipped)."""
+    device_bytes: int | None
+    """fits_in_bytes plus what lived outside the allocator (context, handles) in the uncapped run."""
+    outside_allocator_bytes: int
+    trials: list[Trial] = field(default_factory=list)
+    snapshot_path: str | None = None
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _spec_args(spec: str, batch_size: int | None, precision: str | None,
+               changes: dict[str, Any] | None = None) -> list[str]:
+    args = [spec]
+    if batch_size is not None:
+        args += ["--batch-size", str(batch_size)]
+    if precision is not None:
+        args += ["--precision", precision]
+    if changes:
+        args += ["--changes", json.dumps(changes)]
+    return args
+
+
+def _apply_changes(workload: Any, changes: dict[str, Any]) -> Any:
+    """``Workload.replace`` from JSON, where tuples arrive as lists."""
+    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+    return workload.replace(**fixed)
+
+
+def run_trial(
+    spec: str, *, batch_size: int | None = None, precision: str | None = None, cap_bytes: int | None = None,
+    snapshot: str | None = None, trace: str | None = None, timeout_s: float = 600,
+    changes: dict[str, Any] | None = None, allocator_conf: str | None = None,
+) -> Trial:
+    """One protocol run in a fresh Python process (``allocator_conf``: its ``PYTORCH_CUDA_ALLOC_CONF``)."""
+    cmd = [sys.executable, "-m", "memfit.measure", *_spec_args(spec, batch_size, precision, changes)]
+    if cap_bytes is not None:
+        cmd += ["--cap-bytes", str(cap_bytes)]
+    if snapshot:
+        cmd += ["--snapshot", snapshot]
+    if trace:
+        cmd += ["--trace", trace]
+    env = os.environ.copy()
+    if allocator_conf is not None:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator_conf
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return Trial(False, cap_bytes, 0, 0, 0, 0, 0.0, error=(proc.stderr.strip().splitlines() or ["no output"])[-1])
+    return Trial(**json.loads(lines[-1]))
+
+
+def measure(
+    spec: str,
+    *,
+    batch_size: int | None = None,
+    precision: str | None = None,
+    bisect: bool = True,
+    tolerance: float = 0.005,
+    snapshot: str | None = None,
+    hint_bytes: int | None = None,
+    trace: str | None = None,
+    changes: dict[str, Any] | None = None,
+) -> Measurement:
+    """Measure ``spec`` (a built-in name or ``file.py[:name]``) on the current GPU.
+
+    Args:
+        bisect: also find the smallest cap that runs (several fresh processes).
+        tolerance: stop the bisection when the bracket is narrower than this fraction of the peak.
+        snapshot: write a memory snapshot (pytorch.org/memory_viz) of the uncapped run to this path.
+        hint_bytes: a predicted cap (e.g. ``Estimate.fits_in_bytes``) to start the bracket near.
+        changes: ``Workload`` fields to change first (a fix or a plan's configuration), as JSON-able values.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError("memfit measure needs a CUDA GPU and none is visible. Use `memfit estimate` instead.")
+    props = torch.cuda.get_device_properties(0)
+    first = run_trial(spec, batch_size=batch_size, precision=precision, snapshot=snapshot, trace=trace,
+                      changes=changes)
+    if not first.ok:
+        raise DeviceError(f"the uncapped run of {spec} failed: {first.error}")
+    trials = [first]
+    fits_in = None
+    if bisect:
+        # invariant: `hi` runs, `lo` does not. The cap can never be below the allocated peak.
+        lo, hi = first.peak_allocated_bytes - 1, first.peak_reserved_bytes
+        step = max(int(tolerance * first.peak_allocated_bytes), 2 << 20)
+        if hint_bytes is not None and lo < hint_bytes < hi:
+            t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=hint_bytes, changes=changes)
+            trials.append(t)
+            lo, hi = (lo, hint_bytes) if t.ok else (hint_bytes, hi)
+        while hi - lo > step:
+            mid = (lo + hi) // 2
+            t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=mid, changes=changes)
+            trials.append(t)
+            lo, hi = (lo, mid) if t.ok else (mid, hi)
+        fits_in = hi
+    return Measurement(
+        workload=spec,
+        batch_size=batch_size or 0,
+        precision=precision or "",
+        gpu=props.name,
+        total_bytes=props.total_memory,
+        torch_version=torch.__version__,
+        cuda_version=str(torch.version.cuda),
+        peak_allocated_bytes=first.peak_allocated_bytes,
+        peak_reserved_bytes=first.peak_reserved_bytes,
+        fits_in_bytes=fits_in,
+        device_bytes=None if fits_in is None else fits_in + first.outside_allocator_bytes,
+        outside_allocator_bytes=first.outside_allocator_bytes,
+        trials=trials,
+        snapshot_path=snapshot,
+    )
+
+
+def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
+    """(action, addr, size, top python frame) per allocator event, gzip JSON: small enough to keep."""
+    import gzip
+
+    keep = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
+    events = []
+    for entry in snap["device_traces"][0]:
+        if entry["action"] not in keep:
+            continue
+        frames = entry.get("frames") or []
+        where = next((f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in frames
+                      if f["filename"].endswith(".py")), "")
+        events.append((entry["action"], entry["addr"], entry["size"], where))
+    with gzip.open(path, "wt") as f:
+        json.dump({"events": events, "stats": {k: v for k, v in stats.items() if k.endswith("peak")}}, f)
+
+
+def _trial_main(argv: list[str] | None = None) -> None:
+    """The body of one trial process: run the protocol, print one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m memfit.measure")
+    parser.add_argument("spec")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--precision")
+    parser.add_argument("--cap-bytes", type=int)
+    parser.add_argument("--snapshot")
+    parser.add_argument("--trace", help="write the allocator's alloc/free stream as gzip JSON (calibration)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    parser.add_argument("--changes", help="JSON object of Workload fields to change (a fix or a plan)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    workload = load_workload(args.spec)
+    changes = {k: v for k, v in (("batch_size", args.batch_size), ("precision", args.precision)) if v}
+    workload = workload.replace(**changes) if changes else workload
+    if args.changes:
+        workload = _apply_changes(workload, json.loads(args.changes))
+    torch.cuda.init()
+    total = torch.cuda.get_device_properties(0).total_memory
+    if args.cap_bytes:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_bytes / total))
+    if args.snapshot or args.trace:
+        tp.record_memory_history(True)
+    torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    ok, error = True, ""
+    try:
+        model, optimizer, batch = build(workload, "cuda")
+        scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
+        run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=args.steps)
+        torch.cuda.synchronize()
+    except torch.OutOfMemoryError as exc:
+        ok, error = False, str(exc).splitlines()[0]
+    stats = torch.cuda.memory_stats()
+    free, total_now = torch.cuda.mem_get_info()
+    outside = total_now - free - torch.cuda.memory_reserved()
+    if (args.snapshot or args.trace) and ok:
+        snap = tp.memory_snapshot()
+        if args.snapshot:
+            import pickle
+
+            with open(args.snapshot, "wb") as f:
+                pickle.dump(snap, f)
+        if args.trace:
+            _write_compact_trace(snap, args.trace, stats)
+        tp.record_memory_history(False)
+    print(json.dumps(asdict(Trial(
+        ok=ok,
+        cap_bytes=args.cap_bytes,
+        peak_allocated_bytes=stats.get("allocated_bytes.all.peak", 0),
+        peak_reserved_bytes=stats.get("reserved_bytes.all.peak", 0),
+        outside_allocator_bytes=outside,
+        num_alloc_retries=stats.get("num_alloc_retries", 0),
+        elapsed_s=time.perf_counter() - started,
+        error=error,
+    ))))
+
+
+if __name__ == "__main__":
+    _trial_main()

@@ -1,0 +1,721 @@
+"""Trace a training step on fake tensors: the ordered stream of storage allocations and frees.
+
+A ``TorchDispatchMode`` sits above ``FakeTensorMode`` and sees every ATen op below autograd and autocast — the
+casts, the saved activations, every backward op, the optimizer's foreach temporaries. Each new storage becomes an
+allocation event; a ``weakref.finalize`` on the storage emits the free at the moment the last reference goes, as
+the CUDA caching allocator would see it. No tensor data is ever allocated, so a 3-D U-Net at 128^3 traces in a
+few hundred MB of host memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memfit import _torch_private as tp
+from memfit.errors import TraceError, WorkloadError
+from memfit.estimate import workspaces as ws
+from memfit.estimate.cuda_emulation import CudaSemantics
+from memfit.estimate.gpus import GpuSpec
+from memfit.estimate.op_costs import OpCost, OpCounter
+from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
+from memfit.workload.spec import Workload
+
+log = logging.getLogger(__name__)
+
+CATEGORIES = (
+    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
+)
+
+# ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
+_CUBLAS_OPS = frozenset(
+    "mm addmm bmm baddbmm addbmm mv addmv dot vdot _addmm_activation addr _scaled_mm".split()
+)
+
+
+@dataclass
+class Alloc:
+    """One storage allocation seen in the trace."""
+
+    nbytes: int
+    op: str
+    module: str
+    phase: str
+    step: int
+    shape: tuple[int, ...]
+    dtype: str
+    category: str
+    optional: bool = False
+    """A library workspace that the library does without when memory is short (cuDNN picks another algorithm)."""
+
+
+@dataclass
+class Trace:
+    """The allocation/free stream of one traced protocol run."""
+
+    ops: list[int] = field(default_factory=list)  # +1 alloc, -1 free
+    keys: list[int] = field(default_factory=list)  # index into allocs
+    allocs: list[Alloc] = field(default_factory=list)
+    phase_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (event index, phase, step)
+    warnings: list[str] = field(default_factory=list)
+    param_count: int = 0
+    uses_cublas: bool = False
+    """The step calls cuBLAS (matmuls): its handles add to the CUDA context (GpuSpec.cublas_context_bytes)."""
+    op_costs: list[OpCost] = field(default_factory=list)
+    """What each op of the traced steps costs (memfit.estimate.op_costs), in program order; not copied by step repeats."""
+    cost_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (index into op_costs, phase, step)
+
+    def events(self) -> list[tuple[int, int, int]]:
+        """(op, key, requested bytes) triples for the allocator simulator."""
+        allocs = self.allocs
+        return [
+            ((2 if allocs[k].optional else 1), k, allocs[k].nbytes) if o > 0 else (-1, k, 0)
+            for o, k in zip(self.ops, self.keys)
+        ]
+
+    def phase_at(self, index: int) -> tuple[str, int]:
+        phase, step = "init", 0
+        for at, name, s in self.phase_marks:
+            if at > index:
+                break
+            phase, step = name, s
+        return phase, step
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of an op's output, depth first, in ``tree_flatten`` order.
+
+    Not ``torch.utils._pytree.tree_flatten``: each of its calls leaves a reference cycle (a recursive closure)
+    for the garbage collector; called once per op, it made two thirds of a trace's cyclic garbage (166k of 244k
+    objects on the MONAI Swin-UNETR estimate) and so most of the collector's runs.
+    """
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if not isinstance(out, (tuple, list)):
+        return []
+    found: list[torch.Tensor] = []
+    for item in out:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list, dict)):
+            found.extend(_output_tensors(item))
+    return found
+
+
+_DEVICE_QUERY = torch.ops.prim.device.default
+
+
+class _ValuesNeededToBuild(Exception):
+    """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
+
+
+def _no_constants(args: Any) -> bool:
+    """No fake tensor in ``args`` (or in a list there) carries a constant value FakeTensorMode keeps up to date."""
+    for a in args:
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, torch.Tensor) and (not isinstance(t, tp.FakeTensor) or t.constant is not None):
+                return False
+    return True
+
+
+class _InPlaceForeachOps(dict):
+    """func -> whether it is an in-place foreach op that returns nothing (``_foreach_mul_``), by its schema."""
+
+    def __missing__(self, func: Any) -> bool:
+        schema = func._schema
+        self[func] = answer = (
+            schema.name.startswith("aten::_foreach_") and schema.name.endswith("_") and not schema.returns
+        )
+        return answer
+
+
+_IN_PLACE_FOREACH = _InPlaceForeachOps()
+
+
+class _Recorder(tp.TorchDispatchMode):
+    def __init__(self, gpu: GpuSpec) -> None:
+        super().__init__()
+        self.gpu = gpu
+        self.trace = Trace()
+        self._live: Any = tp.WeakIdKeyDictionary()
+        self.phase, self.step = "init", 0
+        self.module_stack: list[str] = []
+        self.module_names: dict[int, str] = {}
+        self._workspace_threads: set[str] = set()
+        self._warned_item = False
+        self.closed = False
+        self.building_model = False
+        """Inside the model factory: an op whose output size needs tensor values makes ``_build_model`` build the
+        model for real."""
+        self.silent = False
+        """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
+        self._finalizers: dict[int, Any] = {}
+        self._born_in_node: dict[int, Any] = {}  # key -> the autograd node that ran when a backward op made it
+        self.grad_keys: list[tuple[int, int]] | None = None
+        """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
+        self.costs = OpCounter()
+        self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
+
+    # ------------------------------------------------------------------ events
+    def set_phase(self, name: str, step: int) -> None:
+        self.phase, self.step = name, step
+        if name != "backward":
+            self.module_stack.clear()
+        self.trace.phase_marks.append((len(self.trace.ops), name, step))
+        self.costs.set_phase(name, step)
+
+    def _default_category(self) -> str:
+        if self.phase == "data":
+            return "data"
+        if self.phase in ("forward", "loss"):
+            return "activations"
+        if self.phase == "backward" and self.module_stack:
+            return "activations"  # recomputation of checkpointed modules
+        return "temporaries"
+
+    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: str | None = None) -> int:
+        key = len(self.trace.allocs)
+        module = self.module_stack[-1] if self.module_stack else ("(loss)" if self.phase == "loss" else "")
+        self.trace.allocs.append(
+            Alloc(nbytes, op, module, self.phase, self.step, shape, dtype, category or self._default_category())
+        )
+        self.trace.ops.append(1)
+        self.trace.keys.append(key)
+        return key
+
+    def _free(self, key: int) -> None:
+        if self.closed:
+            # a fake storage collected after the trace ended (a reference cycle reaped by a later gc): its free
+            # belongs to no step, and after the step copy it would free a key the copy already freed
+            return
+        self.trace.ops.append(-1)
+        self.trace.keys.append(key)
+        self._finalizers.pop(key, None)
+        self._born_in_node.pop(key, None)
+
+    def track(self, t: torch.Tensor, op: str) -> None:
+        st = t.untyped_storage()
+        if st in self._live or st.nbytes() == 0:
+            return  # the CUDA allocator hands out no block for an empty tensor
+        key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        self._own(st, key)
+        if self.phase == "backward":
+            self._born_in_node[key] = tp.current_autograd_node()
+
+    def _own(self, storage: Any, key: int) -> None:
+        """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
+        self._live[storage] = key
+        self._finalizers[key] = weakref.finalize(storage, self._free, key)
+
+    def _accumulate_in_place(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
+        """Account for the autograd engine summing two gradients of one tensor as CUDA does: in place.
+
+        Where a tensor feeds two ops (a residual branch, a tied weight), backward adds the second gradient into
+        the first. ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) does ``old.add_(new)``
+        when ``old`` is a plain dense tensor that only the buffer holds, and ``old + new`` otherwise; fake tensors
+        are tensor-subclass-like, so under a trace it always takes the second path, one buffer too many (the
+        190 MiB of a tied embedding in benchmarks/results/explain_cases_h200_20261126.md). The sum's storage
+        takes over ``old``'s allocation here. Told apart from an ``add`` inside a derivative formula by where
+        ``old`` was made: under an earlier node of this backward (the formula's own tensors are the node's).
+
+        Only where the sum becomes a parameter's grad (the node feeds an ``AccumulateGrad``): applied to every
+        junction, it made the H200 suite's predictions worse where they had matched (MONAI Swin-UNETR's
+        ``fits_in`` from -0.8 % to -5.1 %, ResNet-50's uncapped reserved from +0.5 % to -4.6 %), so where two
+        activation gradients meet the trace keeps the engine's out-of-place sum.
+        """
+        if name != "add" or self.phase != "backward" or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
+            return False
+        if len(args) < 2 or not all(isinstance(t, torch.Tensor) for t in (args[0], args[1], out)):
+            return False
+        old, new = args[0], args[1]
+        if not (old.shape == new.shape == out.shape and old.dtype == new.dtype == out.dtype):
+            return False
+        storage = old.untyped_storage()
+        key = self._live.get(storage)
+        node = tp.current_autograd_node()
+        if key is None or node is None or key not in self._born_in_node or self._born_in_node[key] is node:
+            return False
+        if not old.is_contiguous(memory_format=torch.channels_last) and not old.is_contiguous():
+            return False
+        if storage.nbytes() != old.numel() * old.element_size():
+            return False  # a view of a larger buffer: not what the engine keeps
+        if not any(getattr(fn, "variable", None) is not None and fn.variable.shape == out.shape
+                   and fn.variable.dtype == out.dtype for fn, _ in node.next_functions):
+            return False  # the sum goes to another node, not to a parameter's grad (see the docstring)
+        self._finalizers.pop(key).detach()
+        del self._live[storage]
+        self._own(out.untyped_storage(), key)
+        self._born_in_node[key] = node
+        return True
+
+    def mark(self, t: torch.Tensor | None, category: str) -> None:
+        if t is None:
+            return
+        key = self._live.get(t.untyped_storage())
+        if key is not None:
+            self.trace.allocs[key].category = category
+
+    # ---------------------------------------------------------- dispatch hook
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _DEVICE_QUERY:
+            # C++ asks each fake tensor for its device thousands of times a step (autograd checks every grad's);
+            # the answer is a Python attribute, and nothing runs or allocates
+            return args[0].device
+        kwargs = kwargs or {}
+        if self.silent:
+            return func(*args, **kwargs)
+        name = func._schema.name.split("::")[-1]
+        if name in _CUBLAS_OPS:
+            self._maybe_cublas_workspace()
+        if _IN_PLACE_FOREACH[func] and _no_constants(args):
+            # an in-place foreach op (the optimizer's updates) allocates nothing, and fake tensors have no values
+            # to update: FakeTensorMode would only check shapes, at 0.2-0.4 ms a tensor. Tensors with a constant
+            # value (the optimizer's step counts, whose .item() the step reads) still go through it.
+            self.costs.record(func, name, args, kwargs, None)
+            return None
+        try:
+            out = func(*args, **kwargs)
+        except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
+            if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
+                # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead, see
+                # _build_model. A constructor's .item() reads 0 below, as in the step: timm's models read their
+                # drop-path rates that way, and a real build costs host memory for every parameter.
+                raise _ValuesNeededToBuild(name) from exc
+            if isinstance(exc, tp.DynamicOutputShapeException):
+                raise TraceError(
+                    f"the step calls {name}, whose output size depends on tensor values, which fake tensors do "
+                    f"not have. Move it out of the training step (e.g. precompute indices in the batch)."
+                ) from exc
+            if name != "_local_scalar_dense":
+                raise
+            out = self._data_dependent_scalar(args[0])
+        except tp.UnsupportedOperatorException as exc:
+            if not func._schema.returns:
+                # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
+                # torch 2.13): there is no output to fake and no storage to track
+                out = None
+            else:
+                raise TraceError(
+                    f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit "
+                    "cannot trace it without running it for real. Use `memfit measure` on a GPU for this model."
+                ) from exc
+        # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
+        # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
+        recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
+        self.costs.record(func, name, args, kwargs, out, recompute=recompute,
+                          sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
+        if name == "convolution":
+            self.track(out, name)
+            self._transient(self._conv_workspace(args[0], args[1], out, args[3], args[6], args[8]))
+            return out
+        if name == "convolution_backward":
+            # measured: one layout-conversion block per backward (the data and filter calls share it), sized
+            # like the forward one (benchmarks/results/cudnn_calibration_h200_20261126.json, bwd_ws)
+            for t in out:
+                if t is not None:
+                    self.track(t, name)
+            if out[0] is not None or out[1] is not None:
+                self._transient(self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9]))
+            return out
+        if self._accumulate_in_place(name, args, kwargs, out):
+            return out
+        for t in _output_tensors(out):
+            self.track(t, name)
+        self._transient(self._kernel_transient(name, args, out), f"{name}_scratch", optional=False)
+        return out
+
+    def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
+        """Scratch memory a CUDA kernel takes and gives back inside one op (memfit.estimate.workspaces has the rules)."""
+        if name == "sum" and isinstance(out, torch.Tensor) and args[0].is_floating_point():
+            x = args[0]
+            dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
+            if x.dim() and 0 in [d % x.dim() for d in dims] and out.numel() > 1:
+                return ws.reduction_staging_bytes(x.numel(), out.numel(), self.gpu.sm_count)
+            return 0
+        if name == "_softmax_backward_data":
+            x = args[0]
+            return ws.softmax_backward_bytes(x.numel() * x.element_size(), args[2] % x.dim() == x.dim() - 1)
+        if name in ("native_layer_norm", "native_layer_norm_backward"):
+            x = args[0] if name == "native_layer_norm" else args[1]
+            # the CUDA kernel makes a contiguous copy of a permuted input (ConvNeXt, Swin)
+            return 0 if x.is_contiguous() else x.numel() * x.element_size()
+        if name == "roll":
+            x = args[0]
+            # one intermediate per rolled dimension but the last
+            return max(len(args[2]) - 1, 0) * x.numel() * x.element_size() if len(args) > 2 else 0
+        if name.startswith("upsample_") and name.endswith("_backward"):
+            return args[0].numel() * args[0].element_size()
+        if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+            q = args[1]
+            return ws.attention_backward_bytes(q.numel() * q.element_size(), q.shape[0] * q.shape[1] * q.shape[2])
+        if name == "embedding_dense_backward":
+            grad, indices = args[0], args[1]
+            return grad.numel() * grad.element_size() + 16 * indices.numel()
+        if name == "binary_cross_entropy_with_logits":
+            return 2 * args[0].numel() * args[0].element_size()
+        return 0
+
+    def _conv_workspace(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any, transposed: bool,
+                        groups: int) -> int:
+        return ws.conv_workspace_bytes(
+            x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
+            transposed=transposed, half=x.element_size() == 2,
+        )
+
+    def _transient(self, nbytes: int, op: str = "cudnn_workspace", *, optional: bool = True) -> None:
+        """A block a library takes inside one call and gives back before the call returns; ``optional`` when
+        the library can do without it (cuDNN picks an algorithm that needs less)."""
+        if nbytes > 0:
+            key = self._alloc(nbytes, op, (), "uint8", "workspaces")
+            self.trace.allocs[key].optional = optional
+            self._free(key)
+
+    def _is_optimizer_state(self, t: torch.Tensor) -> bool:
+        # torch.optim keeps the `step` counters on the CPU unless capturable or fused (adam.py, _init_group), so
+        # reading one is no GPU sync; they are marked optimizer_state from the end of the first step on
+        key = self._live.get(t.untyped_storage())
+        return key is not None and self.trace.allocs[key].category == "optimizer_state"
+
+    def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
+        # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
+        if not self._warned_item and self.phase != "optimizer":
+            self._warned_item = True
+            msg = (
+                "the step reads a tensor value with .item() or similar; fake tensors have none, so memfit used 0. "
+                "Memory is right unless control flow depends on that value."
+            )
+            self.trace.warnings.append(msg)
+            log.warning(msg)
+        if t.dtype == torch.bool:
+            return False
+        return 0 if not t.is_floating_point() else 0.0
+
+    def _maybe_cublas_workspace(self) -> None:
+        # cuBLAS keeps one workspace per (handle, stream); handles are per thread and CUDA's autograd engine runs
+        # backward on its own device thread, so forward and backward each get one (aten/src/ATen/cuda/
+        # CublasHandlePool.cpp). The size is per GPU architecture (GpuSpec.cublas_workspace_bytes).
+        thread = "backward" if self.phase == "backward" else "main"
+        if thread in self._workspace_threads or self.gpu.cublas_workspace_bytes <= 0:
+            return
+        self._workspace_threads.add(thread)
+        self.trace.uses_cublas = True
+        self._alloc(self.gpu.cublas_workspace_bytes, "cublas_workspace", (), "uint8", "workspaces")
+
+    # ----------------------------------------------------- module attribution
+    def pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self.module_stack.append(self.module_names.get(id(module), type(module).__name__))
+        self.costs.module_call()
+
+    def post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.module_stack:
+            self.module_stack.pop()
+
+
+def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STEPS) -> Trace:
+    """Run the protocol of ``workload`` on fake CPU tensors with CUDA semantics and return its event stream.
+
+    Steps from the third on repeat the second (optimizer state exists from step 1 on, so step 2 is the steady
+    state): they are copied rather than traced, which saves a third of the time. If step 2 does not hand over
+    to its successor exactly as step 1 handed over to it, every step is traced instead.
+    """
+    if steps > 2:
+        trace = _trace(workload, gpu, steps=2)
+        if _repeat_last_step(trace, steps - 2):
+            return trace
+    return _trace(workload, gpu, steps=steps)
+
+
+class _OldObjectsFrozen:
+    """Keeps Python's cyclic garbage collector off the objects that exist before the training steps.
+
+    A trace makes many short-lived objects, so the collector runs often, and each full collection walks every
+    object in the process: torch, torch._dynamo and the model's libraries (450k objects with MONAI and
+    transformers). On the MONAI Swin-UNETR estimate those walks took 1.1 s of 12 on a 2-core machine
+    (benchmarks/results/estimate_time_cpu_20261126.md). ``gc.freeze()`` leaves the old objects out. It does not
+    move a free in the trace: fake storages go by reference count (none of the benchmark suite's 13 workloads
+    frees one from the collector), and ``freeze(collect=True)`` after building frees garbage from building first
+    instead of keeping it frozen to the end.
+    """
+
+    def __enter__(self) -> _OldObjectsFrozen:
+        # a caller that freezes objects itself (a pre-fork server) keeps its frozen set: ours would unfreeze it
+        self._active = gc.get_freeze_count() == 0
+        if self._active:
+            gc.freeze()
+        return self
+
+    def freeze(self, *, collect: bool = False) -> None:
+        """Freeze what exists now too; ``collect`` first frees what is already garbage."""
+        if self._active:
+            if collect:
+                gc.collect()
+            gc.freeze()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._active:
+            gc.unfreeze()
+
+
+def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
+    with _OldObjectsFrozen() as old_objects:
+        return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects)
+
+
+def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:
+    recorder = _Recorder(gpu)
+    fake_mode = tp.StaticShapeFakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
+    old_objects.freeze()  # torch._dynamo, which FakeTensorMode imports on first use
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(recorder.pre_forward),
+        torch.nn.modules.module.register_module_forward_hook(recorder.post_forward),
+    ]
+    try:
+        with fake_mode, recorder, CudaSemantics():
+            try:
+                model, optimizer, batch = build(
+                    workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
+                    configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
+                )
+            except (TraceError, WorkloadError):
+                raise
+            except Exception as exc:
+                raise WorkloadError(f"building the model, optimizer or batch failed: {type(exc).__name__}: {exc}") from exc
+            old_objects.freeze(collect=True)  # the model, the optimizer, the libraries imported to build them
+            _register_model(recorder, model, optimizer)
+            scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
+            try:
+                run_steps(
+                    workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
+                    phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
+                    # micro-batch 2 runs with the grads alive, and every later one repeats it exactly
+                    micro_batches=min(workload.accumulation_steps, 2),
+                    replay=functools.partial(_replay_forward_backward, recorder, optimizer),
+                )
+            except (TraceError, WorkloadError):
+                raise
+            except Exception as exc:
+                raise TraceError(
+                    f"the training step failed under fake tensors: {type(exc).__name__}: {exc}"
+                ) from exc
+            del model, optimizer, batch, scaler
+    finally:
+        for h in hooks:
+            h.remove()
+    recorder.closed = True
+    trace = recorder.trace
+    # frees after the last step come from tearing the model down: no peak is there
+    end = next(at for at, name, _ in reversed(trace.phase_marks) if name == "end")
+    del trace.ops[end:], trace.keys[end:]
+    return trace
+
+
+def _repeat_last_step(trace: Trace, times: int) -> bool:
+    """Append ``times`` copies of the last traced step; False (trace untouched) if it is not a steady state."""
+    marks = trace.phase_marks
+    last = max(s for _, name, s in marks if name == "zero_grad")
+    start = next(at for at, name, s in marks if name == "zero_grad" and s == last)
+    end = len(trace.ops)
+    ops, keys = trace.ops[start:end], trace.keys[start:end]
+    born_at: dict[int, int] = {}
+    alive: set[int] = set()
+    for i, (o, k) in enumerate(zip(trace.ops, trace.keys)):
+        if o > 0:
+            born_at[k] = i
+            alive.add(k)
+        else:
+            alive.discard(k)
+    born_here = {k for o, k in zip(ops, keys) if o > 0}
+    # what the step frees that earlier steps made (last step's grads...) must match what it leaves behind
+    handed_in = sorted((k for o, k in zip(ops, keys) if o < 0 and k not in born_here), key=born_at.__getitem__)
+    handed_out = sorted((k for k in born_here if k in alive), key=born_at.__getitem__)
+    allocs = trace.allocs
+    if len(handed_in) != len(handed_out) or any(
+        allocs[a].nbytes != allocs[b].nbytes for a, b in zip(handed_in, handed_out)
+    ):
+        return False
+    step_marks = [(at - start, name, s) for at, name, s in marks if at >= start and name != "end"]
+    end_mark = marks[-1]
+    del marks[-1]
+    carry = dict(zip(handed_in, handed_out))
+    for rep in range(1, times + 1):
+        offset = len(trace.ops)
+        marks.extend((offset + at, name, s + rep) for at, name, s in step_marks)
+        renamed: dict[int, int] = {}
+        for o, k in zip(ops, keys):
+            if o > 0:
+                new = len(allocs)
+                allocs.append(dataclasses.replace(allocs[k], step=allocs[k].step + rep))
+                renamed[k] = new
+                trace.ops.append(1)
+                trace.keys.append(new)
+            else:
+                trace.ops.append(-1)
+                trace.keys.append(renamed[k] if k in renamed else carry[k])
+        carry = {k_in: renamed[k_out] for k_in, k_out in zip(handed_in, handed_out)}
+    marks.append((len(trace.ops), "end", end_mark[2] + times))
+    return True
+
+
+def _cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    # torch.optim picks foreach on CUDA when the user sets neither foreach nor fused, but fake tensors fail its
+    # type check and would silently get the for-loop path, which has different temporaries.
+    for group in optimizer.param_groups:
+        if "foreach" in group and group.get("foreach") is None and not group.get("fused"):
+            group["foreach"] = True
+
+
+def _build_model(factory: Any, recorder: _Recorder) -> Any:
+    """Call the model factory under the fake modes; if the constructor sizes tensors by tensor values (timm's
+    RegNet takes its stage widths from ``torch.unique``), build the model for real on the CPU instead and give
+    the trace fake parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory:
+    the model's parameters, once."""
+    recorder.building_model = True
+    try:
+        return factory()
+    except _ValuesNeededToBuild as exc:
+        op = str(exc)
+    finally:
+        recorder.building_model = False
+    gc.collect()  # the half-built model's fake tensors go now, with their frees, before the rebuild allocates
+    with tp.no_dispatch_modes():
+        real = factory()
+    twins: dict[int, torch.Tensor] = {}
+
+    def twin(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in twins:
+            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if isinstance(t, torch.nn.Parameter) else fake
+        return twins[id(t)]
+
+    for module in real.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = twin(p)
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = twin(b)
+    nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
+    msg = (f"the model's constructor sizes a tensor by tensor values ({op}), which fake tensors do not have: "
+           f"memfit built it for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies "
+           "of its parameters and buffers.")
+    recorder.trace.warnings.append(msg)
+    log.warning(msg)
+    return real
+
+
+def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    recorder.module_names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
+    for p in model.parameters():
+        recorder.mark(p, "params")
+        recorder.trace.param_count += p.numel()
+        p.register_post_accumulate_grad_hook(lambda p: recorder.mark(p.grad, "grads"))
+    for b in model.buffers():
+        recorder.mark(b, "buffers")
+
+
+def _on_phase(recorder: _Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
+    if name == "optimizer" and step == 0:
+        recorder.grad_keys = _grad_keys(recorder, optimizer)
+    if recorder.phase == "optimizer":
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    recorder.mark(value, "optimizer_state")
+    recorder.set_phase(name, step)
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tuple[int, int]] | None:
+    """Which allocation holds each parameter's grad; None if one is not a plain tracked tensor of its own."""
+    found = []
+    for i, p in enumerate(_params(optimizer)):
+        if p.grad is None:
+            continue
+        key = recorder._live.get(p.grad.untyped_storage()) if p.grad.layout == torch.strided else None
+        if key is None or recorder.trace.allocs[key].nbytes != p.numel() * p.element_size():
+            return None
+        found.append((i, key))
+    return found if len({k for _, k in found}) == len(found) else None
+
+
+def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int) -> bool:
+    """Account for the forward and backward of ``step`` by copying the first step's instead of tracing them.
+
+    The first step's forward and backward dispatch every op for the first time, and cost twice what later steps
+    do; the second step runs them again only to put the same allocations in the stream with the optimizer state
+    alive. They are the same allocations if what the first step's forward and backward leave behind is the
+    grads (which ``zero_grad`` has just freed) and the cuBLAS workspaces (made once per thread, not again), and
+    they free nothing made before them. Then the events, phase marks and op costs are copied, the grads are made
+    again without a trace (the optimizer reads them), under the keys of the copied grads, and the step goes on to
+    its optimizer. Otherwise (False) the step is traced as usual.
+    """
+    if step == 0 or recorder.grad_keys is None:
+        return False
+    trace = recorder.trace
+    marks = trace.phase_marks
+    start = next(at for at, name, s in marks if name == "forward" and s == 0)
+    end = next(at for at, name, s in marks if name == "optimizer" and s == 0)
+    zero_grad = next(at for at, name, s in marks if name == "zero_grad" and s == step)
+    born: set[int] = set()
+    alive: set[int] = set()
+    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+        if o > 0:
+            born.add(k)
+            alive.add(k)
+        elif k in born:
+            alive.discard(k)
+        else:
+            return False  # frees something made before it: the next step may find another
+    grads = dict(recorder.grad_keys)
+    workspaces = {k for k in alive if trace.allocs[k].op == "cublas_workspace"}
+    freed_by_zero_grad = {k for o, k in zip(trace.ops[zero_grad:], trace.keys[zero_grad:], strict=True) if o < 0}
+    if alive - workspaces != set(grads.values()) or freed_by_zero_grad != set(grads.values()):
+        return False
+    # the events, renamed; cuBLAS's workspaces exist already
+    renamed: dict[int, int] = {}
+    moved: list[int] = []  # the copy's index of each event of the first step
+    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+        moved.append(len(trace.ops))
+        if k in workspaces:
+            continue
+        if o > 0:
+            renamed[k] = len(trace.allocs)
+            trace.allocs.append(dataclasses.replace(trace.allocs[k], step=step))
+        trace.ops.append(o)
+        trace.keys.append(renamed[k])
+    moved.append(len(trace.ops))
+    copied = ("forward", "loss", "backward")
+    marks.extend([(moved[at - start], name, step) for at, name, s in marks
+                  if s == 0 and name in copied and start <= at < end])
+    cost_marks = recorder.costs.marks
+    c_start = next(at for at, name, s in cost_marks if name == "forward" and s == 0)
+    c_end = next(at for at, name, s in cost_marks if name == "optimizer" and s == 0)
+    recorder.costs.splice(
+        recorder.costs.rows[c_start:c_end],
+        [(at - c_start, name, step) for at, name, s in cost_marks if s == 0 and name in copied and c_start <= at < c_end],
+    )
+    # the optimizer reads the grads: make them again, untraced, under the copied grads' keys
+    params = _params(optimizer)
+    recorder.silent = True
+    try:
+        with torch.no_grad():
+            for i, key in grads.items():
+                grad = torch.empty_like(params[i])
+                storage = grad.untyped_storage()
+                recorder._own(storage, renamed[key])
+                params[i].grad = grad
+    finally:
+        recorder.silent = False
+    return True

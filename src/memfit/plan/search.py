@@ -1,0 +1,513 @@
+"""``plan()``: the fastest training configuration whose predicted memory fits a budget.
+
+The search turns the knobs that keep the training mathematics (micro-batch × gradient accumulation with the
+same effective batch, activation checkpointing of chosen blocks, the optimizer's implementation, channels_last,
+expandable segments) and, only when allowed, the precision. Memory comes from ``estimate()``: a few estimates
+per structure give a line ``fits_in(micro_batch)``, and every configuration the plan can choose is verified by
+an estimate of exactly that configuration before it is chosen. Speed comes from ``memfit.speed.step_time``: a roofline of
+the traced ops, or its calibration on this machine's GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from memfit.errors import BudgetTooSmallError, UsageError
+from memfit.estimate.allocator import AllocatorConfig
+from memfit.estimate.gpus import GpuSpec, gpu_spec
+from memfit.estimate.predict import Estimate, estimate
+from memfit.estimate.trace import trace_workload
+from memfit.guard.step import TrainStep
+from memfit.records import JsonRecord
+from memfit.speed.step_time import PhaseCost, predict_step_time
+from memfit.units import format_bytes
+from memfit.workload.knobs import apply_checkpointing, checkpoint_choices, model_facts, set_optimizer_impl
+from memfit.workload.spec import Workload
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = 1
+DEFAULT_MARGIN = 0.02
+"""The plan keeps ``device_bytes <= budget × (1 - margin)``. On top of the estimator's own 1.5 % placement
+margin (``estimate.FITS_IN_MARGIN``), it absorbs the estimator's measured error (peak allocated within 2.1 %,
+benchmarks/results/estimate_accuracy_h200_20261126.md)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One training configuration: what ``Workload.replace`` and the guarded step need to run it."""
+
+    micro_batch: int
+    accumulation_steps: int
+    precision: str
+    checkpoint: tuple[str, ...] = ()
+    optimizer_impl: str = "default"
+    channels_last: bool = False
+    expandable_segments: bool = False
+    patch_size: tuple[int, ...] | None = None
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.accumulation_steps
+
+    def changes(self) -> dict[str, Any]:
+        """The ``Workload`` fields this configuration sets."""
+        out: dict[str, Any] = {
+            "batch_size": self.micro_batch,
+            "accumulation_steps": self.accumulation_steps,
+            "precision": self.precision,
+            "checkpoint": self.checkpoint,
+            "optimizer_impl": self.optimizer_impl,
+            "channels_last": self.channels_last,
+        }
+        if self.patch_size is not None:
+            out["patch_size"] = self.patch_size
+        return out
+
+    def label(self) -> str:
+        parts = [f"micro-batch {self.micro_batch} × {self.accumulation_steps}", self.precision]
+        if self.checkpoint:
+            parts.append(f"checkpoint {len(self.checkpoint)} blocks")
+        if self.optimizer_impl != "default":
+            parts.append(f"{self.optimizer_impl} optimizer")
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.expandable_segments:
+            parts.append("expandable_segments")
+        if self.patch_size is not None:
+            parts.append("patch " + "×".join(map(str, self.patch_size)))
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration with its predicted memory and speed."""
+
+    config: Config
+    device_bytes: int
+    """Predicted ``fits_in_bytes`` + CUDA context."""
+    fits_in_bytes: int
+    step_time_s: float | None
+    """Predicted time of one optimizer step (all micro-batches); None without a speed model."""
+    samples_per_s: float | None
+    verified: bool
+    """True: memory from an estimate of exactly this configuration; False: from the line through two others."""
+    fits: bool
+    """``device_bytes <= budget × (1 - margin)``."""
+
+
+@dataclass(frozen=True)
+class Plan(JsonRecord):
+    """The chosen configuration and the frontier of alternatives (memory vs step time)."""
+
+    _schema: ClassVar[int] = SCHEMA
+
+    workload: str
+    gpu: str
+    budget_bytes: int
+    margin: float
+    effective_batch: int
+    chosen: Candidate
+    frontier: list[Candidate]
+    """Pareto-optimal candidates: none is both smaller and faster than another, by memory. For a patch plan:
+    the patches estimated, largest first."""
+    considered: int
+    """Configurations scored."""
+    estimates: int
+    """Estimator runs (traces) the search made."""
+    speed_model: str
+    """``roofline`` or ``calibrated`` (timed on this machine's GPU), or ``none``."""
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    schema: int = SCHEMA
+
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the plan as versioned JSON, atomically (temp file + rename)."""
+        target = Path(path)
+        if target.is_dir():
+            raise UsageError(f"cannot write the plan to {target}: it is a directory. Give a file name.")
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(self.to_json(indent=2))
+        tmp.replace(target)
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read a plan written by ``save`` (plain JSON; nothing is unpickled)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"plan file not found: {path}.") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read the plan {path}: {exc}.") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if data.get("schema") != SCHEMA:
+            raise UsageError(f"plan schema {data.get('schema')!r} is not {SCHEMA}: re-run `memfit plan`.")
+
+        def candidate(d: dict[str, Any]) -> Candidate:
+            c = dict(d["config"])
+            c["checkpoint"] = tuple(c.get("checkpoint", ()))
+            if c.get("patch_size") is not None:
+                c["patch_size"] = tuple(c["patch_size"])
+            return Candidate(**{**d, "config": Config(**c)})
+
+        return cls(**{
+            **data,
+            "chosen": candidate(data["chosen"]),
+            "frontier": [candidate(c) for c in data["frontier"]],
+        })
+
+    def workload_for(self, workload: Workload) -> Workload:
+        """``workload`` configured as planned (estimate or measure it to check)."""
+        return workload.replace(**self.chosen.config.changes())
+
+    def apply(self, model: Any, optimizer: Any, loss_fn: Any, **train_step_kwargs: Any) -> Any:
+        """Configure the guarded step as planned: checkpoint wrappers, optimizer implementation, memory format,
+        precision and micro-batch size. Returns a ``memfit.TrainStep``; its ``optimizer`` is the one to use.
+
+        Feed it batches of ``effective_batch`` samples; it runs them as ``accumulation_steps`` micro-batches.
+        """
+        import torch
+
+        c = self.chosen.config
+        if c.checkpoint:
+            apply_checkpointing(model, c.checkpoint)
+        if c.channels_last:  # .to keeps the Parameter objects, so the optimizer still holds them
+            is_3d = any(p.dim() == 5 for p in model.parameters())
+            model.to(memory_format=torch.channels_last_3d if is_3d else torch.channels_last)
+        optimizer = set_optimizer_impl(optimizer, c.optimizer_impl)
+        if c.expandable_segments:
+            _enable_expandable_segments()
+        return TrainStep(
+            model, optimizer, loss_fn, precision=c.precision, micro_batch_size=c.micro_batch, **train_step_kwargs
+        )
+
+
+def _enable_expandable_segments() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        logger.warning(
+            "the plan uses expandable_segments, but CUDA is already initialised; set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts."
+        )
+        return
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments" not in conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(filter(None, [conf, "expandable_segments:True"]))
+
+
+# ------------------------------------------------------------------------------------------------- search
+
+_FB_PHASES = ("forward", "loss", "backward")
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """Everything but the micro-batch size."""
+
+    precision: str
+    checkpoint: tuple[str, ...] = ()
+    optimizer_impl: str = "default"
+    channels_last: bool = False
+
+    def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
+        return Config(
+            micro_batch=micro, accumulation_steps=effective // micro, precision=self.precision,
+            checkpoint=self.checkpoint, optimizer_impl=self.optimizer_impl, channels_last=self.channels_last,
+            expandable_segments=expandable,
+        )
+
+
+def _phase_peaks(est: Estimate) -> tuple[int, int]:
+    """Peak allocated in forward/backward, and elsewhere (optimizer step, zero_grad): they scale differently."""
+    fb = max((p.allocated_bytes for p in est.timeline if p.phase in _FB_PHASES), default=0)
+    other = max((p.allocated_bytes for p in est.timeline if p.phase not in _FB_PHASES), default=0)
+    return fb, other
+
+
+class Search:
+    """The estimates of one planning run, and the memory/speed models built from them."""
+
+    def __init__(self, workload: Workload, gpu: GpuSpec, allocator: AllocatorConfig, limit_bytes: int,
+                 effective: int, calibration: Any, allow_precision_change: bool) -> None:
+        self.workload, self.gpu, self.allocator = workload, gpu, allocator
+        self.allow_precision_change = allow_precision_change
+        self.limit_bytes, self.effective, self.calibration = limit_bytes, effective, calibration
+        self.estimates: dict[Config, Estimate] = {}
+        self.context_bytes = gpu.cuda_context_bytes  # until an estimate says whether the step calls cuBLAS
+        self.traces: dict[Config, Any] = {}
+        self.runs = 0
+
+    def estimate(self, config: Config) -> Estimate:
+        if config not in self.estimates:
+            plain = dataclasses.replace(config, expandable_segments=False)
+            w = self.workload.replace(**config.changes())
+            if plain not in self.traces:
+                self.traces[plain] = trace_workload(w, self.gpu)
+                self.runs += 1
+            allocator = dataclasses.replace(self.allocator, expandable_segments=config.expandable_segments)
+            est = estimate(w, gpu=self.gpu, allocator=allocator, reuse_trace=self.traces[plain])
+            self.estimates[config] = est
+            self.context_bytes = est.device_bytes - est.fits_in_bytes
+        return self.estimates[config]
+
+    def step_time(self, config: Config) -> float | None:
+        """Predicted optimizer-step time of ``config``: the speed model on the op costs of the same structure,
+        interpolated op by op between the two estimated micro-batch sizes around it."""
+        key = _structure(config)
+        same = sorted((c.micro_batch, e.cost) for c, e in self.estimates.items()
+                      if _structure(c) == key and not c.expandable_segments and e.cost is not None)
+        if not same:
+            return None
+        cost = _cost_at(same, config.micro_batch)
+        return predict_step_time(cost, self.gpu, accumulation=config.accumulation_steps,
+                                 calibration=self.calibration).step_time_s
+
+
+def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
+    """The ``StepCost`` of one micro-batch of ``micro`` samples from costs traced at other sizes.
+
+    FLOPs and bytes of each op are linear in the micro-batch (a weight read is the intercept), so two traces of
+    the same op sequence give every op exactly; with one trace, or sequences that differ, they are scaled.
+    """
+    sizes = [m for m, _ in known]
+    if micro in sizes:
+        return known[sizes.index(micro)][1]
+    below = [k for k in known if k[0] < micro]
+    above = [k for k in known if k[0] > micro]
+    (m0, c0), (m1, c1) = (below[-1], above[0]) if below and above else (known[0], known[-1]) if len(known) > 1 else (
+        known[0], known[0])
+
+    def phase(p0: Any, p1: Any) -> Any:
+        rows0, rows1 = p0.ops, p1.ops
+        if m0 == m1 or len(rows0) != len(rows1):
+            near = rows0 if abs(micro - m0) <= abs(micro - m1) else rows1
+            scale = micro / (m0 if near is rows0 else m1)
+            return PhaseCost.of([r._replace(flops=int(r.flops * scale), bytes=int(r.bytes * scale)) for r in near])
+        t = (micro - m0) / (m1 - m0)
+        return PhaseCost.of([
+            a._replace(flops=max(0, round(a.flops + t * (b.flops - a.flops))),
+                       bytes=max(0, round(a.bytes + t * (b.bytes - a.bytes))))
+            for a, b in zip(rows0, rows1, strict=True)
+        ])
+
+    return dataclasses.replace(
+        c0, micro_batch_size=micro, forward=phase(c0.forward, c1.forward), backward=phase(c0.backward, c1.backward),
+    )
+
+
+def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
+    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last), c.patch_size
+
+
+@dataclass
+class _MemoryModel:
+    """``fits_in(b) ≈ ratio × max(fb_at_1 + fb_per_sample × (b - b_lo), other)`` for one structure."""
+
+    fb_intercept: float
+    fb_slope: float
+    other: float
+    ratio: float
+    b_lo: int
+
+    def fits_in(self, micro: int) -> int:
+        fb = self.fb_intercept + self.fb_slope * (micro - self.b_lo)
+        return int(self.ratio * max(fb, self.other))
+
+
+def plan(
+    workload: Workload,
+    *,
+    budget_bytes: int,
+    effective_batch: int | None = None,
+    gpu: str | GpuSpec | None = None,
+    allocator: AllocatorConfig | None = None,
+    margin: float = DEFAULT_MARGIN,
+    allow_precision_change: bool = False,
+    calibration: Any = None,
+) -> Plan:
+    """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
+
+    Args:
+        workload: the training step (its batch_size × accumulation_steps is the default effective batch).
+        budget_bytes: the GPU memory this process may use, CUDA context included (a 24 GB card: ``24e9``).
+        effective_batch: samples per optimizer step; every plan keeps it exactly (micro-batch × accumulation).
+        gpu: the GPU to plan for (memory workspaces, context size, roofline speeds); default H100.
+        allocator: caching-allocator settings; default ``PYTORCH_CUDA_ALLOC_CONF`` from the environment.
+        margin: the plan keeps ``device_bytes <= budget_bytes × (1 - margin)``.
+        allow_precision_change: also consider bf16 autocast (changes numerics).
+        calibration: a ``memfit.speed.step_time.Calibration`` timed on the GPU; None uses the roofline.
+
+    Raises:
+        BudgetTooSmallError: nothing fits; the message gives the smallest configuration found and its need.
+
+    Example:
+        >>> from memfit.workload.zoo import builtin_workload
+        >>> p = plan(builtin_workload("mlp"), budget_bytes=4 << 30, effective_batch=64)
+        >>> p.chosen.config.micro_batch * p.chosen.config.accumulation_steps
+        64
+    """
+    started = time.perf_counter()
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
+    config = allocator if allocator is not None else AllocatorConfig.from_env()
+    eff = workload.effective_batch_size if effective_batch is None else effective_batch
+    if isinstance(eff, bool) or not isinstance(eff, int) or eff < 1:
+        raise UsageError(f"effective batch must be a positive integer, got {eff!r}.")
+    check_budget(budget_bytes, margin)
+    limit = int(budget_bytes * (1 - margin))
+    search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
+    structures, models = _memory_models(search)
+    micros = [d for d in range(1, eff + 1) if eff % d == 0]
+    scored = [
+        _score(search, models[s], s.config(m, eff)) for s in structures for m in micros
+    ]
+    chosen, notes = _verify_best(search, scored)
+    frontier = _frontier([c for c in scored if c.step_time_s is not None] + ([chosen] if chosen else []))
+    if chosen is None:
+        smallest = min(search.estimates.values(), key=lambda e: e.device_bytes)
+        raise BudgetTooSmallError(
+            f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
+            f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
+            f"(micro-batch {smallest.batch_size}). Try a larger GPU, "
+            + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32" else "")
+            + "sharding across GPUs, or a smaller model or input."
+        )
+    return Plan(
+        workload=workload.name,
+        gpu=spec.name,
+        budget_bytes=budget_bytes,
+        margin=margin,
+        effective_batch=eff,
+        chosen=chosen,
+        frontier=frontier,
+        considered=len(scored),
+        estimates=search.runs,
+        speed_model="calibrated" if calibration is not None else "roofline",
+        notes=notes,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def check_budget(budget_bytes: int, margin: float) -> None:
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise UsageError(f"budget must be a positive number of bytes, got {budget_bytes!r}.")
+    if not 0 <= margin < 0.5:
+        raise UsageError(f"margin must be in [0, 0.5), got {margin!r}.")
+
+
+def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _MemoryModel]]:
+    """Estimate each structure at one or two micro-batch sizes and fit its memory line.
+
+    Per (precision, memory format): micro-batch 1 and the largest divisor of the effective batch up to half of it
+    (both run with accumulation, so the gradients are alive in forward, as in every plan but the one without
+    accumulation), then each checkpointing choice at the larger size. The optimizer is fused where the optimizer
+    supports it: fused needs no temporaries and launches the fewest kernels, so it dominates foreach and for-loop.
+    """
+    w, eff = search.workload, search.effective
+    facts = model_facts(w)
+    opt = w.optimizer_impl
+    if opt in ("default", "foreach") and "fused" in facts.optimizer_impls:
+        opt = "fused"
+    precisions = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
+    formats = [w.channels_last] + ([True] if facts.has_conv and not w.channels_last else [])
+    b_lo = 1
+    b_mid = max(d for d in range(1, max(1, eff // 2) + 1) if eff % d == 0)
+    structures: list[_Structure] = []
+    models: dict[_Structure, _MemoryModel] = {}
+    for precision in precisions:
+        for channels_last in formats:
+            base = _Structure(precision, (), opt, channels_last)
+            lo = search.estimate(base.config(b_lo, eff))
+            mid = search.estimate(base.config(b_mid, eff))
+            fb_lo, other_lo = _phase_peaks(lo)
+            fb_mid, other_mid = _phase_peaks(mid)
+            span = max(b_mid - b_lo, 1)
+            models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
+                                        mid.fits_in_bytes / mid.peak_allocated_bytes, b_lo)
+            structures.append(base)
+            for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
+                s = dataclasses.replace(base, checkpoint=blocks)
+                e = search.estimate(s.config(b_mid, eff))
+                fb, other = _phase_peaks(e)
+                # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
+                models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
+                                         e.fits_in_bytes / e.peak_allocated_bytes, b_lo)
+                structures.append(s)
+    return structures, models
+
+
+def _score(search: Search, model: _MemoryModel, config: Config) -> Candidate:
+    """The candidate with the memory line's prediction, or the estimate's where this exact config has one."""
+    est = search.estimates.get(config)
+    if est is not None:
+        return _candidate(search, config, est.fits_in_bytes, verified=True)
+    return _candidate(search, config, model.fits_in(config.micro_batch), verified=False)
+
+
+def verified(search: Search, config: Config) -> Candidate:
+    """The candidate from an estimate of exactly ``config`` (run now if it was not yet)."""
+    return _candidate(search, config, search.estimate(config).fits_in_bytes, verified=True)
+
+
+def _candidate(search: Search, config: Config, fits_in: int, *, verified: bool) -> Candidate:
+    device = fits_in + search.context_bytes
+    t = search.step_time(config)
+    return Candidate(
+        config=config, device_bytes=device, fits_in_bytes=fits_in, step_time_s=t,
+        samples_per_s=config.effective_batch / t if t else None, verified=verified,
+        fits=device <= search.limit_bytes,
+    )
+
+
+MAX_VERIFY = 8
+_NEAR_MISS = 0.05  # candidates predicted within 5 % over the limit are worth one verifying estimate
+
+
+def _verify_best(search: Search, scored: list[Candidate]) -> tuple[Candidate | None, list[str]]:
+    """Walk the candidates from the fastest, verifying each by an estimate of exactly it, until one fits.
+
+    Candidates the line puts just over the limit are verified too (the line is an upper bound for the
+    checkpointed structures), and each miss is retried with expandable segments when fragmentation is the gap.
+    """
+    notes: list[str] = []
+    near = search.limit_bytes * (1 + _NEAR_MISS)
+    pool = sorted(
+        (c for c in scored if c.device_bytes <= near),
+        key=lambda c: (c.step_time_s if c.step_time_s is not None else float("inf"), c.device_bytes),
+    )
+    for checked, c in enumerate(pool):
+        if checked >= MAX_VERIFY:
+            notes.append(f"stopped after verifying {MAX_VERIFY} candidates")
+            break
+        v = verified(search, c.config)
+        if v.fits:
+            return v, notes
+        if not search.allocator.expandable_segments:
+            ex = verified(search, dataclasses.replace(c.config, expandable_segments=True))
+            if ex.fits:
+                notes.append(f"{c.config.label()} fits only with expandable segments (less fragmentation)")
+                return ex, notes
+    return None, notes
+
+
+def _frontier(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates no other one beats on both memory and time, by memory."""
+    out: list[Candidate] = []
+    best_time = float("inf")
+    for c in sorted(candidates, key=lambda c: (c.device_bytes, c.step_time_s or 0.0)):
+        if c.step_time_s is not None and c.step_time_s < best_time:
+            out.append(c)
+            best_time = c.step_time_s
+    return out

@@ -1,0 +1,183 @@
+"""The knobs memfit turns on a training step without changing its mathematics.
+
+Activation checkpointing of chosen blocks and the optimizer's implementation (foreach / for-loop / fused) are
+applied to the model and optimizer the user's factories build, so ``estimate``, ``measure``, ``explain``, ``plan``
+and the guarded step all wrap them the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memfit.errors import WorkloadError
+from memfit.workload.spec import OPTIMIZER_IMPLS, Workload
+
+_CHECKPOINTED = "_memfit_checkpointed"
+_INDEX = re.compile(r"^\d+$")
+
+
+def apply_checkpointing(model: torch.nn.Module, names: Iterable[str]) -> torch.nn.Module:
+    """Run the forward of each named submodule under ``torch.utils.checkpoint`` (non-reentrant), in place.
+
+    Only the block's inputs are kept for backward; its inner activations are recomputed then (about one extra
+    forward of the block). BatchNorm running statistics inside a checkpointed block are updated twice per step,
+    because the recompute runs the block in training mode again.
+    """
+    modules = dict(model.named_modules())
+    for name in names:
+        module = modules.get(name)
+        if module is None:
+            close = [n for n in modules if n.endswith(name.rsplit(".", 1)[-1])][:5]
+            raise WorkloadError(
+                f"cannot checkpoint {name!r}: the model has no such submodule. Names look like: "
+                f"{', '.join(close) or ', '.join(list(modules)[1:6])}."
+            )
+        if module is model:
+            raise WorkloadError("cannot checkpoint the whole model: name its blocks (e.g. 'layers.0').")
+        if getattr(module, _CHECKPOINTED, False):
+            continue
+        module.forward = _checkpointed(module.forward)  # type: ignore[method-assign]
+        setattr(module, _CHECKPOINTED, True)
+    return model
+
+
+def _checkpointed(forward: Any) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # evaluation and the recompute itself: nothing to save
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def checkpoint_candidates(model: torch.nn.Module) -> list[str]:
+    """The model's blocks, in forward-definition order: the outermost modules held by a ModuleList/Sequential.
+
+    These are the units users checkpoint (transformer layers, ResNet bottlenecks, U-Net stages). A block must
+    own parameters; blocks nested inside another block are not listed.
+    """
+    blocks: list[str] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(b + ".") for b in blocks):
+            continue
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if not _INDEX.match(leaf) or not isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        if parent is model or not any(True for _ in module.parameters()):
+            continue  # the whole model, or a parameter-free layer (ReLU): nothing worth recomputing
+        if not any(True for _ in module.children()):
+            continue  # a single layer keeps its input anyway: checkpointing it saves little
+        blocks.append(name)
+    return blocks
+
+
+def block_of(name: str) -> str:
+    """The block a module belongs to: its name up to the first list index (``decoder.2.0.conv`` -> ``decoder.2``)."""
+    parts = name.split(".")
+    for i, p in enumerate(parts):
+        if _INDEX.match(p):
+            return ".".join(parts[: i + 1])
+    return parts[0] if parts else name
+
+
+def activations_by_block(by_module: dict[str, int]) -> dict[str, int]:
+    """``Estimate.activations_by_module`` summed per block, largest first (``(loss)``-style names kept)."""
+    out: dict[str, int] = {}
+    for name, nbytes in by_module.items():
+        key = name if name.startswith("(") else block_of(name)
+        out[key] = out.get(key, 0) + nbytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def checkpoint_choices(by_module: dict[str, int], blocks: Iterable[str]) -> list[tuple[str, ...]]:
+    """What to checkpoint: the fewest blocks holding half of the blocks' activations (heaviest first), then all
+    blocks that hold any; each in forward order, without repeats."""
+    order = list(blocks)
+    held = activations_by_block(by_module)
+    ranked = sorted((b for b in order if held.get(b, 0) > 0), key=lambda b: -held[b])
+    if not ranked:
+        return []
+    total, acc, half = sum(held[b] for b in ranked), 0, []
+    for b in ranked:
+        half.append(b)
+        acc += held[b]
+        if acc >= total / 2:
+            break
+    in_order = [tuple(b for b in order if b in chosen) for chosen in (set(half), set(ranked))]
+    return list(dict.fromkeys(in_order))
+
+
+def set_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """Rebuild ``optimizer`` with the same parameter groups and settings but another implementation.
+
+    ``foreach`` batches the update over all parameters (fast; temporaries about the size of the parameters),
+    ``for-loop`` updates one parameter at a time (slow; tiny temporaries), ``fused`` runs one kernel per group
+    (fastest; no temporaries). The mathematics is the same up to floating-point rounding.
+    """
+    if impl == "default":
+        return optimizer
+    if impl not in OPTIMIZER_IMPLS:
+        raise WorkloadError(f"optimizer implementation must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}.")
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    key = "fused" if impl == "fused" else "foreach"
+    if key not in accepted:
+        raise WorkloadError(f"{cls.__name__} has no {key!r} option, so {impl!r} cannot be chosen for it.")
+    flags = {"foreach": impl == "foreach"}
+    if "fused" in accepted:
+        flags["fused"] = impl == "fused"
+    if impl == "fused":
+        flags["foreach"] = False
+    groups = [{**group, **flags} for group in optimizer.param_groups]
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params"}
+    defaults.update(flags)
+    try:
+        return cls(groups, **defaults)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise WorkloadError(f"{cls.__name__} cannot run {impl!r} here: {exc}") from exc
+
+
+def optimizer_impls_for(optimizer: torch.optim.Optimizer) -> list[str]:
+    """The implementations ``set_optimizer_impl`` can give this optimizer class."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return [i for i in ("foreach", "for-loop", "fused") if ("fused" if i == "fused" else "foreach") in accepted]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the fixes and the planner need to know about a model: which knobs apply to it."""
+
+    has_batchnorm: bool
+    has_conv: bool
+    blocks: tuple[str, ...]
+    optimizer_impls: tuple[str, ...]
+
+
+def model_facts(workload: Workload) -> ModelFacts:
+    """What the fixes need to know about the model, from building it on the meta device (no memory)."""
+    try:
+        with torch.device("meta"):
+            model = workload.model()
+            impls = tuple(optimizer_impls_for(workload.optimizer(model.parameters())))
+    except Exception:  # a factory that cannot build on meta: offer only the fixes that need no model facts
+        return ModelFacts(False, False, (), ())
+    norm_types = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+    conv_types = (torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+    mods = list(model.modules())
+    return ModelFacts(
+        has_batchnorm=any(isinstance(m, norm_types) for m in mods),
+        has_conv=any(isinstance(m, conv_types) for m in mods),
+        blocks=tuple(checkpoint_candidates(model)),
+        optimizer_impls=impls,
+    )

@@ -1,0 +1,131 @@
+"""The training-step protocol that memfit predicts and measures — one function, used by both.
+
+Model and optimizer are created on the device from an empty allocator, the batch is placed on the device, then
+``steps`` training steps run, each: ``zero_grad(set_to_none=True)``, forward and loss under autocast for the
+precision, backward (scaled for fp16), ``optimizer.step()`` (through the GradScaler for fp16). Estimating and
+measuring run this same code, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from memfit.workload.knobs import apply_checkpointing, set_optimizer_impl
+from memfit.workload.spec import Workload
+
+DEFAULT_STEPS = 3
+PHASES = ("init", "data", "zero_grad", "forward", "loss", "backward", "optimizer", "end")
+
+PhaseCallback = Callable[[str, int], None]
+
+
+def _no_phase(name: str, step: int) -> None:
+    return None
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def to_channels_last(model: torch.nn.Module) -> None:
+    """Convert 4-D/5-D parameters in place of ``Module.to(memory_format=...)``, which fake tensors refuse."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or p.dim() not in (4, 5):
+                continue
+            fmt = torch.channels_last if p.dim() == 4 else torch.channels_last_3d
+            module._parameters[name] = torch.nn.Parameter(
+                p.detach().contiguous(memory_format=fmt), requires_grad=p.requires_grad
+            )
+
+
+def place_batch(batch: Any, device: torch.device | str, channels_last: bool) -> Any:
+    """Move every tensor of ``batch`` to ``device`` (no copy when it is already there)."""
+
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.to(device)
+        if channels_last and t.is_floating_point() and t.dim() in (4, 5):
+            t = t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+        return t
+
+    if isinstance(batch, dict):
+        return {k: place_batch(v, device, channels_last) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(place_batch(v, device, channels_last) for v in batch)
+    return move(batch)
+
+
+def build(
+    workload: Workload, device: torch.device | str, *, configure_optimizer: Callable[[Any], None] | None = None,
+    phase: PhaseCallback = _no_phase,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    """Create the model, the optimizer and the batch on ``device``."""
+    phase("init", 0)
+    with torch.device(device):
+        model = workload.model()
+        if workload.channels_last:
+            to_channels_last(model)
+        if workload.checkpoint:
+            apply_checkpointing(model, workload.checkpoint)
+        model.train()
+        optimizer = set_optimizer_impl(workload.optimizer(model.parameters()), workload.optimizer_impl)
+    if configure_optimizer is not None:
+        configure_optimizer(optimizer)
+    phase("data", 0)
+    with torch.device(device):
+        batch = place_batch(workload.make_batch(workload.batch_size), device, workload.channels_last)
+    return model, optimizer, batch
+
+
+def run_steps(
+    workload: Workload,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    *,
+    autocast_device: str,
+    scaler: Any | None,
+    steps: int = DEFAULT_STEPS,
+    phase: PhaseCallback = _no_phase,
+    micro_batches: int | None = None,
+    replay: Callable[[int], bool] | None = None,
+) -> None:
+    """Run ``steps`` training steps; ``phase(name, step)`` is called as each phase begins.
+
+    Each step runs ``accumulation_steps`` micro-batches (``micro_batches`` overrides it: the tracer runs two,
+    because micro-batches from the second on repeat each other) on the same placed batch, as a loader that yields
+    micro-batches would. ``replay(step)``, called after ``zero_grad``, may account for the step's forward and
+    backward itself (the tracer copies an earlier step's) and return True: the step then goes on to the optimizer.
+    """
+    dtype = autocast_dtype(workload.precision)
+    micro = workload.accumulation_steps if micro_batches is None else micro_batches
+    for step in range(steps):
+        phase("zero_grad", step)
+        # set_to_none frees last step's grads before forward, keeping them out of the activation peak
+        optimizer.zero_grad(set_to_none=True)
+        for _ in range(0 if replay is not None and replay(step) else micro):
+            phase("forward", step)
+            ctx = torch.autocast(autocast_device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+            with ctx:
+                output = workload.run_forward(model, batch)
+                phase("loss", step)
+                loss = workload.loss(output, batch)
+                if workload.accumulation_steps > 1:
+                    loss = loss / workload.accumulation_steps  # the mean over the effective batch
+            del output  # what backward needs is held by the graph; the rest goes now, as in a plain loop
+            phase("backward", step)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            del loss
+        phase("optimizer", step)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    phase("end", steps)

@@ -1,0 +1,163 @@
+"""How a user describes one training step: the ``Workload``.
+
+A workload is a recipe, not a set of tensors: factories for the model, the batch and the optimizer, so memfit can
+build the step on fake tensors (``estimate``), on a real GPU (``measure``), or at another batch size or precision
+(``explain``, ``plan``) without the user writing it twice.
+
+Example (a file ``my_step.py`` that ``memfit estimate my_step.py`` loads)::
+
+    import torch, memfit
+    workload = memfit.Workload(
+        model=lambda: torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)),
+        batch=lambda n: (torch.randn(n, 512), torch.randint(0, 10, (n,))),
+        loss=lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        batch_size=64,
+        precision="bf16",
+    )
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from memfit.errors import WorkloadError
+
+if TYPE_CHECKING:
+    import torch
+
+Precision = Literal["fp32", "bf16", "fp16"]
+OptimizerImpl = Literal["default", "foreach", "for-loop", "fused"]
+OPTIMIZER_IMPLS: tuple[str, ...] = ("default", "foreach", "for-loop", "fused")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+
+
+def _default_forward(model: Any, batch: Any) -> Any:
+    """``model(batch[0])`` for tuple/list batches, ``model(batch)`` for a lone tensor or a dict."""
+    if isinstance(batch, (tuple, list)):
+        return model(batch[0])
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One training step, described by factories.
+
+    Tensors made by ``model`` and ``batch`` must not name a device: memfit creates them on the device it simulates
+    or measures (fake tensors for an estimate, the GPU for a measurement).
+    """
+
+    model: Callable[[], torch.nn.Module]
+    """Builds the model with fresh (random) weights. Called inside memfit's device context."""
+    batch: Callable[..., Any]
+    """Takes the batch size (and ``patch_size`` when that is set), returns the batch: a tensor, a tuple/list or a
+    dict of tensors."""
+    loss: Callable[[Any, Any], torch.Tensor]
+    """``loss(output, batch) -> scalar tensor``."""
+    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    """Takes the parameters, returns the optimizer. Leave ``foreach``/``fused`` unset to get PyTorch's CUDA default."""
+    batch_size: int
+    """Samples per forward/backward (the micro-batch). Activation memory grows about linearly with it."""
+    precision: Precision = "fp32"
+    """``fp32``; ``bf16`` autocast; or ``fp16`` autocast with a GradScaler. Autocast halves most activations."""
+    forward: Callable[[Any, Any], Any] | None = None
+    """``forward(model, batch) -> output``; default ``model(batch[0])`` (``model(**batch)`` for a dict batch)."""
+    channels_last: bool = False
+    """Convert the model (and 4-D/5-D inputs) to channels_last memory format, as cuDNN prefers for AMP convs."""
+    accumulation_steps: int = 1
+    """Micro-batches of ``batch_size`` per optimizer step (gradient accumulation): the effective batch is
+    ``batch_size * accumulation_steps``. Costs one more forward/backward launch sequence per micro-batch; from the
+    second micro-batch on, the gradients are alive during forward."""
+    checkpoint: tuple[str, ...] = ()
+    """Qualified names of blocks (e.g. ``"layers.3"``) run under activation checkpointing: only their inputs are
+    kept for backward, at the cost of about one more forward of those blocks."""
+    optimizer_impl: str = "default"
+    """``default`` (what the factory asked for; PyTorch picks foreach on CUDA), ``foreach``, ``for-loop`` or
+    ``fused``: the same mathematics, different temporaries and speed."""
+    patch_size: tuple[int, ...] | None = None
+    """Spatial size of one input sample (``(128, 128, 128)``). When set, ``batch`` is called as
+    ``batch(n, patch_size)``, which lets ``memfit plan --patch`` search it."""
+    patch_multiple: tuple[int, ...] | None = None
+    """What each patch axis must be divisible by (the network's total downsampling, e.g. ``(32, 32, 32)``)."""
+    name: str = "workload"
+    """A short name for reports."""
+    description: str = ""
+    """One line on what it is, for reports."""
+    tags: tuple[str, ...] = field(default=())
+    """Free-form labels (architecture family, input kind) used by reports and the planner."""
+
+    def __post_init__(self) -> None:
+        for attr in ("model", "batch", "loss", "optimizer"):
+            if not callable(getattr(self, attr)):
+                raise WorkloadError(
+                    f"Workload.{attr} must be callable (a factory), got {type(getattr(self, attr)).__name__}. "
+                    f"Write e.g. {attr}=lambda ...: ..."
+                )
+        if not isinstance(self.model, type) and hasattr(self.model, "parameters") and hasattr(self.model, "forward"):
+            raise WorkloadError(
+                "Workload.model must be a factory that builds the model, got a model instance. "
+                f"Write model=lambda: {type(self.model).__name__}(...) so memfit can build it on its device."
+            )
+        if not isinstance(self.optimizer, type) and hasattr(self.optimizer, "param_groups"):
+            raise WorkloadError(
+                "Workload.optimizer must be a factory taking the parameters, got an optimizer instance. "
+                "Write optimizer=lambda params: torch.optim.AdamW(params, lr=...)."
+            )
+        if self.forward is not None and not callable(self.forward):
+            raise WorkloadError("Workload.forward must be callable: forward(model, batch) -> output.")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise WorkloadError(f"Workload.batch_size must be a positive integer, got {self.batch_size!r}.")
+        if isinstance(self.accumulation_steps, bool) or not isinstance(self.accumulation_steps, int) or (
+            self.accumulation_steps < 1
+        ):
+            raise WorkloadError(
+                f"Workload.accumulation_steps must be a positive integer, got {self.accumulation_steps!r}."
+            )
+        if isinstance(self.checkpoint, str) or not all(isinstance(n, str) for n in self.checkpoint):
+            raise WorkloadError(
+                f"Workload.checkpoint must be a tuple of module names such as ('layers.0',), got {self.checkpoint!r}."
+            )
+        object.__setattr__(self, "checkpoint", tuple(self.checkpoint))
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise WorkloadError(
+                f"Workload.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}."
+            )
+        for attr in ("patch_size", "patch_multiple"):
+            value = getattr(self, attr)
+            if value is None:
+                continue
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+                raise WorkloadError(f"Workload.{attr} must be a tuple of positive integers, got {value!r}.")
+            object.__setattr__(self, attr, tuple(value))
+        if self.patch_multiple is not None and self.patch_size is not None and (
+            len(self.patch_multiple) != len(self.patch_size)
+        ):
+            raise WorkloadError(
+                f"Workload.patch_multiple {self.patch_multiple} must have one entry per patch axis "
+                f"{self.patch_size}."
+            )
+        if self.precision not in PRECISIONS:
+            raise WorkloadError(
+                f"Workload.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}."
+            )
+
+    def replace(self, **changes: Any) -> Workload:
+        """A copy with some fields changed, validated again: ``w.replace(batch_size=8, precision="bf16")``."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Samples per optimizer step: ``batch_size * accumulation_steps``."""
+        return self.batch_size * self.accumulation_steps
+
+    def make_batch(self, n: int) -> Any:
+        """Call the batch factory for ``n`` samples (and the patch size, when the workload has one)."""
+        return self.batch(n) if self.patch_size is None else self.batch(n, self.patch_size)
+
+    def run_forward(self, model: Any, batch: Any) -> Any:
+        return (self.forward or _default_forward)(model, batch)
