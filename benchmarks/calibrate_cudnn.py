@@ -54,6 +54,20 @@ def conv_rows() -> list[dict]:
     return [r for r in rows if r]
 
 
+def conv_large_rows() -> list[dict]:
+    """Convolutions larger than the grid above (2-D 256-512 per axis, 3-D 96-128): where cuDNN's algorithm, and so
+    its workspace, can change with size (a U-Net's full-resolution decoder, 3-D patches)."""
+    rows = []
+    grid2d = [(3, 64, 7, 2, 1, False), (16, 16, 3, 1, 1, False), (32, 16, 3, 1, 1, False), (64, 64, 3, 1, 1, False),
+              (128, 128, 3, 1, 1, False), (64, 32, 2, 2, 1, True)]
+    for (cin, cout, k, s, g, tr), hw, n, dname in itertools.product(grid2d, (256, 384, 512), (2, 8), DTYPES):
+        rows.append(_conv_case(2, n, cin, cout, k, s, g, tr, hw, dname))
+    grid3d = [(1, 32, 3, 1, 1, False), (32, 32, 3, 1, 1, False), (64, 64, 3, 1, 1, False), (64, 32, 2, 2, 1, True)]
+    for (cin, cout, k, s, g, tr), dhw, n, dname in itertools.product(grid3d, (96, 128), (1, 2), DTYPES):
+        rows.append(_conv_case(3, n, cin, cout, k, s, g, tr, dhw, dname))
+    return [r for r in rows if r]
+
+
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname):  # noqa: ANN001, ANN202
     dtype = DTYPES[dname]
     try:
@@ -125,11 +139,11 @@ def rnn_rows() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    parser.add_argument("--only", choices=("conv", "lstm", "rnn"), help="measure one family only")
+    parser.add_argument("--only", choices=("conv", "conv_large", "lstm", "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
-    families = {"conv": conv_rows, "lstm": lstm_rows, "rnn": rnn_rows}
+    families = {"conv": conv_rows, "conv_large": conv_large_rows, "lstm": lstm_rows, "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)
     result = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
