@@ -6,7 +6,8 @@ so the suite stays an honest test of the fitted rules.
 
     python benchmarks/calibrate_cudnn.py --out $OUT      # on a CUDA machine; about a minute
 
-Writes ``cudnn_calibration_<gpu>_<yyyymmdd>.json``: one row per configuration with the transient bytes of
+Writes ``cudnn_calibration_<card>_torch<X.Y>_<yyyymmdd>.json`` into ``--out`` (default ``$OUT``, else
+``benchmarks/results/estimate``): one row per configuration with the transient bytes of
 forward and backward (peak during the call minus what stays allocated after it).
 """
 
@@ -17,10 +18,15 @@ import datetime as dt
 import itertools
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import RESULTS, card, stem  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -138,7 +144,7 @@ def rnn_rows() -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--only", choices=("conv", "conv_large", "lstm", "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
@@ -148,9 +154,8 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     result = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(), "rows": rows}
-    slug = props.name.lower().replace("nvidia", "").strip().split()[0]
-    family = f"{args.only}_" if args.only else ""
-    path = Path(args.out) / f"cudnn_calibration_{family}{slug}_{dt.date.today():%Y%m%d}.json"
+    family = f"_{args.only}" if args.only else ""
+    path = Path(args.out) / f"{stem('cudnn_calibration' + family, card(props.name), torch.__version__)}.json"
     path.write_text(json.dumps(result, indent=0))
     print(f"{len(rows)} rows -> {path}")
 

@@ -267,7 +267,7 @@ def _exit(code: int) -> NoReturn:
     """End the process: flush the output, run the atexit handlers (logging's among them), then skip the
     interpreter's teardown, which frees every object of torch and the model's libraries one by one: 1.7-1.9 s
     after a Swin-UNETR estimate with MONAI and transformers loaded, on the 2-core CPU
-    (benchmarks/results/estimate_time_static_fake_cpu_20261126.md)."""
+    (benchmarks/results/estimate/estimate_time_cpu_torch2.14_20261126.md)."""
     import atexit
     import os
 

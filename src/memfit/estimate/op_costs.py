@@ -367,9 +367,9 @@ def _nhwc_native(x: torch.Tensor) -> bool:
 
     2-D convolutions run on NHWC tensor-core kernels (16-bit, and TF32 for fp32); 3-D convolutions have native
     NCDHW kernels, and a channels_last_3d input is converted instead. Measured on an H200, torch 2.11
-    (benchmarks/results/speed_model_h200_20261126.md, plan_quality_h200_20261126.md): ResNet-50 channels_last
-    20 % faster in bf16 and 18-24 % faster in fp32 at micro-batches 32-64; a 3-D U-Net (fp16, 128³)
-    channels_last_3d 23 % slower.
+    (benchmarks/results/speed/speed_model_h200_torch2.11_20261126.md and the plan grid,
+    benchmarks/results/plan/plan_grid_h200_torch2.11_20261126/): ResNet-50 channels_last 20 % faster in bf16 and
+    18-24 % faster in fp32 at micro-batches 32-64; a 3-D U-Net (fp16, 128³) channels_last_3d 23 % slower.
     """
     return x.dim() == 4
 

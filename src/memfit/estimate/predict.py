@@ -27,8 +27,9 @@ SCHEMA = 1
 _TIMELINE_POINTS = 1500
 # Where cudaMalloc places each segment decides best-fit ties and so fragmentation; no CPU trace knows it. Real
 # H200 traces replayed without their addresses were off by up to 4 % in reserved bytes (docs/allocator.md), and
-# fits_in without a margin came out 3.4 % low on the worst of 13 suite workloads
-# (benchmarks/results/estimate_accuracy_h200_20261126.md): fits_in carries this margin on top of the replay.
+# fits_in without a margin came out 3.4 % low on the worst of 14 suite workloads
+# (benchmarks/results/estimate/estimate_accuracy_h200_torch2.11_20261126.md, fits_in_replay): fits_in carries this
+# margin on top of the replay.
 FITS_IN_MARGIN = 0.015
 _SEGMENT = 2 << 20
 _LARGEST = 12

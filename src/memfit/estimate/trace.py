@@ -243,9 +243,10 @@ class _Recorder(tp.TorchDispatchMode):
         the first. ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) does ``old.add_(new)``
         when ``old`` is a plain dense tensor that only the buffer holds, and ``old + new`` otherwise; fake tensors
         are tensor-subclass-like, so under a trace it always takes the second path, one buffer too many (the
-        190 MiB of a tied embedding in benchmarks/results/explain_cases_h200_20261126.md). The sum's storage
-        takes over ``old``'s allocation here. Told apart from an ``add`` inside a derivative formula by where
-        ``old`` was made: under an earlier node of this backward (the formula's own tensors are the node's).
+        190 MiB of a tied embedding in benchmarks/results/explain/explain_cases_h200_torch2.11_20261126.md). The
+        sum's storage takes over ``old``'s allocation here. Told apart from an ``add`` inside a derivative formula
+        by where ``old`` was made: under an earlier node of this backward (the formula's own tensors are the
+        node's).
 
         Only where the sum becomes a parameter's grad (the node feeds an ``AccumulateGrad``): applied to every
         junction, it made the H200 suite's predictions worse where they had matched (MONAI Swin-UNETR's
@@ -346,7 +347,7 @@ class _Recorder(tp.TorchDispatchMode):
             return out
         if name == "convolution_backward":
             # measured: one layout-conversion block per backward (the data and filter calls share it), sized
-            # like the forward one (benchmarks/results/cudnn_calibration_h200_20261126.json, bwd_ws)
+            # like the forward one (benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json, bwd_ws)
             for t in out:
                 if t is not None:
                     self.track(t, name)
@@ -476,8 +477,9 @@ class _OldObjectsFrozen:
 
     A trace makes many short-lived objects, so the collector runs often, and each full collection walks every
     object in the process: torch, torch._dynamo and the model's libraries (450k objects with MONAI and
-    transformers). On the MONAI Swin-UNETR estimate those walks took 1.1 s of 12 on a 2-core machine
-    (benchmarks/results/estimate_time_cpu_20261126.md). ``gc.freeze()`` leaves the old objects out. It does not
+    transformers). On the MONAI Swin-UNETR estimate those walks took 0.7-1.1 s of 12 on a 2-core machine
+    (benchmarks/results/estimate_time_cpu_20261126.md, in git history at commit 5724dc6). ``gc.freeze()`` leaves
+    the old objects out. It does not
     move a free in the trace: fake storages go by reference count (none of the benchmark suite's 13 workloads
     frees one from the collector), and ``freeze(collect=True)`` after building frees garbage from building first
     instead of keeping it frozen to the end.

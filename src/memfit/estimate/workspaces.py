@@ -5,8 +5,8 @@
   frees the block when the call returns. 1x1 convolutions (2-D, and 3-D in fp32), grouped/depthwise
   convolutions and non-overlapping "patchify" convolutions run without it. Backward makes two calls (data and
   filter gradients), each with such a block. Measured on an H200, cuDNN 9.19, torch 2.11:
-  ``benchmarks/results/cudnn_calibration_h200_20261126.json`` (360 convolution shapes, 2-D and 3-D, fp32/bf16/
-  fp16; the rule is within a few percent on the large ones, which are the ones that decide a peak).
+  ``benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json`` (360 convolution shapes, 2-D and
+  3-D, fp32/bf16/fp16; the rule is within a few percent on the large ones, which are the ones that decide a peak).
 * **cuDNN RNNs.** The fused RNN keeps a reserve buffer for backward of T*N*H*D*(kL-1) elements: k = 6 for an
   LSTM (4 gates + cell per layer and step, and the outputs of the L-1 inner layers), 7 for a GRU, 2 for a tanh or
   ReLU RNN. Measured exactly (within 0.5 % on the large shapes) on a grid of 192 shapes, 1-3 layers, one and two
@@ -74,7 +74,8 @@ def lstm_backward_transient_bytes(seq: int, batch: int, hidden: int, layers: int
 
 # ----------------------------------------------------------------------------------------------------------
 # Transients of other CUDA kernels, measured op by op with benchmarks/profile_transients.py on an H200
-# (torch 2.11, cuDNN 9.19): benchmarks/results/transients_h200_20261126.json. Each rule says what it matched.
+# (torch 2.11, cuDNN 9.19): benchmarks/results/estimate/transients_h200_torch2.11_20261126.json. Each rule says
+# what it matched.
 # ----------------------------------------------------------------------------------------------------------
 
 MiB = 1 << 20

@@ -73,18 +73,19 @@ class SpeedParams:
     Placeholder: eager PyTorch spends about 5-25 us of CPU per op before its kernel runs (same lesson)."""
     backward_dispatch_s: float = 12e-6
     """CPU time per ATen op in backward. The autograd engine runs no Python, but per op it costs about what
-    forward does: fitted on an H200 (``benchmarks/results/speed_model_h200_20261126.md``) it came out at 9.5 us
-    (GPT-2) and 15.4 us (ResNet-50) against forward's 11.4 and 9.3 us, so the placeholder is forward's. It
-    decides what checkpointing costs where the CPU is the bottleneck: ResNet-50's checkpointed backward
-    dispatches 3.2 times the ops (recompute, saved-tensor detaches), and a micro-batch took 1.84 times as long
-    (``checkpoint_rng_cost_h200_20261126.json``)."""
+    forward does: fitted on an H200 (``benchmarks/results/speed/speed_model_h200_torch2.11_20261126.md``) it came
+    out at 9.5 us (GPT-2) and 15.4 us (ResNet-50) against forward's 11.4 and 9.3 us, so the placeholder is
+    forward's. It decides what checkpointing costs where the CPU is the bottleneck: ResNet-50's checkpointed
+    backward dispatches 3.2 times the ops (recompute, saved-tensor detaches), and a micro-batch took 1.84 times as
+    long (``benchmarks/results/speed/checkpoint_rng_cost_h200_20261126.json``)."""
     recompute_dispatch_s: float = 29e-6
     """CPU time per op (and module call) of a checkpointed module's recompute in backward: its Python forward
     again, plus ``torch.utils.checkpoint``'s saved-tensor hooks (a Python pack in forward, another in the
     recompute and an unpack in backward for each saved tensor: 29 per ResNet bottleneck). Fitted on the H200
-    grid of ``benchmarks/plan_quality.py`` (``plan_quality_h200_20261126/plan_quality_resnet50.json``): with all
-    16 bottlenecks checkpointed, a CPU-bound micro-batch of 8 or 16 took 2.3-3.3 times as long, which the
-    model reproduces at 29 us (forward: 12). Not fitted by ``calibrate`` (its timings have no checkpointing)."""
+    grid of ``benchmarks/plan_quality.py``
+    (``benchmarks/results/plan/plan_grid_h200_torch2.11_20261126/plan_quality_resnet50.json``): with all 16
+    bottlenecks checkpointed, a CPU-bound micro-batch of 8 or 16 took 2.3-3.3 times as long, which the model
+    reproduces at 29 us (forward: 12). Not fitted by ``calibrate`` (its timings have no checkpointing)."""
     optimizer_dispatch_s: float = 8e-6
     """CPU time per ATen op in ``zero_grad`` and ``optimizer.step()`` (a Python loop for ``foreach=False``).
     Placeholder until measured."""
