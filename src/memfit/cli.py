@@ -155,14 +155,12 @@ def explain(
 
 
 def _explain_oom_only(oom_text: str, json_out: bool) -> None:
-    import json
-
     from memfit.explain.oom_diagnosis import diagnose_oom
     from memfit.explain.oom_message import parse_oom_message
 
-    diagnosis = diagnose_oom(parse_oom_message(oom_text)).to_dict()
+    diagnosis = diagnose_oom(parse_oom_message(oom_text))
     if json_out:
-        typer.echo(json.dumps(diagnosis, indent=2))
+        typer.echo(diagnosis.to_json(indent=2))
         return
     from rich.console import Console
 

@@ -21,12 +21,13 @@ import logging
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from memfit.errors import DataLoaderMemoryWarning, UsageError
+from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def _to_column(name: str, values: Sequence[Any] | np.ndarray) -> np.ndarray | _P
 
 
 @dataclass(frozen=True, kw_only=True)
-class ContainerFinding:
+class ContainerFinding(JsonRecord):
     """A large Python container found on a Dataset."""
 
     attribute: str
@@ -150,9 +151,6 @@ class ContainerFinding:
     """Number of items in the container."""
     estimated_bytes: int
     """Rough size of the container and its items as Python objects (sampled), i.e. what each worker may copy."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self)}
 
 
 def check_dataset_containers(

@@ -23,13 +23,14 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn as nn
 
 from memfit.errors import UsageError
+from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
 
@@ -87,15 +88,12 @@ def find_blocks(model: nn.Module, block_types: Iterable[type[nn.Module]] | None 
 
 
 @dataclass(frozen=True, kw_only=True)
-class Sharding:
+class Sharding(JsonRecord):
     """What :func:`shard_model` wrapped."""
 
     units: tuple[str, ...]
     """Qualified names of the modules given their own ``fully_shard`` call; the root (``""``) comes last."""
     reshard_after_forward: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self)}
 
 
 def shard_model(
@@ -129,10 +127,12 @@ def shard_model(
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelStateMemory:
+class ModelStateMemory(JsonRecord):
     """Per-rank bytes of model states under one strategy; every term is a formula of the parameter shapes."""
 
-    strategy: str
+    _json_properties: ClassVar[tuple[str, ...]] = ("resident_bytes", "total_bytes")
+
+    strategy: Strategy
     world_size: int
     optimizer: str
     num_params: int
@@ -161,9 +161,6 @@ class ModelStateMemory:
     def total_bytes(self) -> int:
         """Resident plus transient: what model states add to the per-rank peak, before activations."""
         return self.resident_bytes + self.transient_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self), "resident_bytes": self.resident_bytes, "total_bytes": self.total_bytes}
 
 
 def _state_elements_per_param(optimizer: str, momentum: float, amsgrad: bool, centered: bool) -> tuple[int, bool]:
@@ -258,8 +255,10 @@ def model_state_memory(
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardingComparison:
+class ShardingComparison(JsonRecord):
     """DDP vs FSDP per-rank model-state memory for one model, optimizer and world size."""
+
+    _json_properties: ClassVar[tuple[str, ...]] = ("fsdp_saves_bytes",)
 
     ddp: ModelStateMemory
     fsdp: ModelStateMemory
@@ -267,10 +266,6 @@ class ShardingComparison:
     @property
     def fsdp_saves_bytes(self) -> int:
         return self.ddp.total_bytes - self.fsdp.total_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, "ddp": self.ddp.to_dict(), "fsdp": self.fsdp.to_dict(),
-                "fsdp_saves_bytes": self.fsdp_saves_bytes}
 
 
 def compare_sharding(model: nn.Module, *, world_size: int, **kwargs: Any) -> ShardingComparison:

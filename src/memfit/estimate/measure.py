@@ -13,11 +13,13 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from memfit import _torch_private as tp
+from memfit._io import atomic_open
 from memfit.errors import DeviceError
+from memfit.records import JsonRecord
 from memfit.workload.loading import load_workload
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 
@@ -25,8 +27,11 @@ SCHEMA = 1
 
 
 @dataclass(frozen=True)
-class Trial:
+class Trial(JsonRecord):
     """One run of the protocol in its own process, optionally under a memory cap."""
+
+    # a part of a Measurement, versioned by it; the line a trial process prints is read by its parent, the same memfit
+    _schema: ClassVar[int | None] = None
 
     ok: bool
     cap_bytes: int | None
@@ -39,8 +44,10 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(JsonRecord):
     """Measured memory of the protocol on a real GPU."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     workload: str
     batch_size: int
@@ -59,9 +66,6 @@ class Measurement:
     trials: list[Trial] = field(default_factory=list)
     snapshot_path: str | None = None
     schema: int = SCHEMA
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _spec_args(spec: str, batch_size: int | None, precision: str | None,
@@ -169,8 +173,17 @@ def measure(
     )
 
 
+def _write_snapshot(snap: dict, path: str) -> None:
+    """The allocator's snapshot as the pickle pytorch.org/memory_viz reads, written atomically."""
+    import pickle
+
+    with atomic_open(path, what="the memory snapshot") as f:
+        pickle.dump(snap, f)
+
+
 def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
-    """(action, addr, size, top python frame) per allocator event, gzip JSON: small enough to keep."""
+    """(action, addr, size, top python frame) per allocator event, gzip JSON: small enough to keep. Written
+    atomically, so a trial killed mid-write leaves no truncated gzip for the allocator replays to choke on."""
     import gzip
 
     keep = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
@@ -182,7 +195,7 @@ def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
         where = next((f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in frames
                       if f["filename"].endswith(".py")), "")
         events.append((entry["action"], entry["addr"], entry["size"], where))
-    with gzip.open(path, "wt") as f:
+    with atomic_open(path, what="the allocator trace") as raw, gzip.open(raw, "wt") as f:
         json.dump({"events": events, "stats": {k: v for k, v in stats.items() if k.endswith("peak")}}, f)
 
 
@@ -228,14 +241,11 @@ def _trial_main(argv: list[str] | None = None) -> None:
     if (args.snapshot or args.trace) and ok:
         snap = tp.memory_snapshot()
         if args.snapshot:
-            import pickle
-
-            with open(args.snapshot, "wb") as f:
-                pickle.dump(snap, f)
+            _write_snapshot(snap, args.snapshot)
         if args.trace:
             _write_compact_trace(snap, args.trace, stats)
         tp.record_memory_history(False)
-    print(json.dumps(asdict(Trial(
+    print(Trial(
         ok=ok,
         cap_bytes=args.cap_bytes,
         peak_allocated_bytes=stats.get("allocated_bytes.all.peak", 0),
@@ -244,7 +254,7 @@ def _trial_main(argv: list[str] | None = None) -> None:
         num_alloc_retries=stats.get("num_alloc_retries", 0),
         elapsed_s=time.perf_counter() - started,
         error=error,
-    ))))
+    ).to_json())
 
 
 if __name__ == "__main__":

@@ -8,19 +8,16 @@ allocated, peak reserved, the smallest memory cap that runs without OOM, and wha
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from memfit.estimate.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.op_costs import StepCost
-from memfit.estimate.trace import CATEGORIES, trace_workload
-from memfit.records import JsonRecord
+from memfit.estimate.trace import CATEGORIES, Trace, trace_workload
+from memfit.records import JsonRecord, json_as
 from memfit.workload.protocol import DEFAULT_STEPS
 from memfit.workload.spec import Workload
-
-if TYPE_CHECKING:
-    from memfit.estimate.op_costs import StepCost
 
 SCHEMA = 1
 _TIMELINE_POINTS = 1500
@@ -57,6 +54,16 @@ class TimelinePoint:
     step: int
     by_category: dict[str, int] = field(default_factory=dict)
     """``allocated_bytes`` split by category (every name in ``memfit.estimate.trace.CATEGORIES``); the values sum to it."""
+
+
+def _cost_totals(cost: StepCost | None) -> dict[str, Any] | None:
+    """The cost as ``Estimate.to_dict`` writes it: the totals a report needs, not the per-op rows (thousands)."""
+    if cost is None:
+        return None
+    d = cost.to_dict()
+    for phase in ("forward", "backward", "optimizer"):
+        del d[phase]["ops"]
+    return d
 
 
 @dataclass(frozen=True)
@@ -98,19 +105,12 @@ class Estimate(JsonRecord):
     param_count: int
     steps: int
     warnings: list[str] = field(default_factory=list)
-    cost: StepCost | None = None
+    cost: StepCost | None = field(default=None, metadata=json_as(_cost_totals))
     """FLOPs, bytes, kernels and dispatches of one steady-state micro-batch and optimizer step, for
     ``memfit.speed.step_time.predict_step_time``. ``to_dict`` keeps its totals, not its per-op rows."""
     elapsed_s: float = 0.0
     method: str = "fake-tensor trace + caching-allocator replay"
     schema: int = SCHEMA
-
-    def to_dict(self) -> dict[str, Any]:
-        # the cost's per-op rows stay out (thousands of them): its totals are what a report needs
-        d = asdict(replace(self, cost=None))
-        d["cost"] = self.cost.to_dict(ops=False) if self.cost is not None else None
-        d["schema"] = self._schema
-        return d
 
     def margin_bytes(self, budget_bytes: int) -> int:
         """Budget minus ``device_bytes``: positive means it fits with that much to spare."""
@@ -123,7 +123,7 @@ def estimate(
     gpu: str | GpuSpec | None = None,
     allocator: AllocatorConfig | None = None,
     steps: int = DEFAULT_STEPS,
-    reuse_trace: Any = None,
+    reuse_trace: Trace | None = None,
 ) -> Estimate:
     """Predict the peak GPU memory of ``workload``'s training step, on any machine, without touching a GPU.
 

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from memfit.errors import MemfitError
 from memfit.estimate.allocator import AllocatorConfig
@@ -19,7 +19,7 @@ from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
 from memfit.explain.fixes import Fix, FixContext, combine_fixes, find_fixes
-from memfit.explain.oom_diagnosis import diagnose_oom
+from memfit.explain.oom_diagnosis import OomDiagnosis, diagnose_oom
 from memfit.explain.oom_message import parse_oom_message
 from memfit.records import JsonRecord
 from memfit.units import format_bytes
@@ -96,7 +96,7 @@ class Explanation(JsonRecord):
     """With a budget the step does not fit: the cheapest set of fixes that makes it fit, re-estimated together."""
     not_helping: list[Fix] = field(default_factory=list)
     """Fixes tried that do not lower the need (e.g. a smaller micro-batch when the peak is in the optimizer)."""
-    oom: dict[str, Any] | None = None
+    oom: OomDiagnosis | None = None
     """The parsed CUDA OOM message and its diagnosis, when one was given."""
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
@@ -157,9 +157,7 @@ def explain(
     tried = find_fixes(ctx, trace) if fixes else []
     found = [f for f in tried if f.saving_bytes > 0]
     combination = combine_fixes(ctx, found) if fixes and budget_bytes is not None else None
-    oom = None
-    if oom_text is not None:
-        oom = diagnose_oom(parse_oom_message(oom_text), base).to_dict()
+    oom = diagnose_oom(parse_oom_message(oom_text), base) if oom_text is not None else None
     when, why = _peak_story(base, workload)
     notes = list(base.warnings)
     if budget_bytes is not None and base.device_bytes > budget_bytes and fixes and combination is None and not any(

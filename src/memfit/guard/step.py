@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -28,6 +28,7 @@ from memfit.guard.numerics import LossWatch
 from memfit.guard.oom import is_oom
 from memfit.guard.rollback import Snapshot, memory_in_use, resolve_device
 from memfit.guard.sizing import MicroBatchSizer
+from memfit.records import NOT_IN_JSON, JsonRecord
 from memfit.units import format_bytes
 
 __all__ = ["GuardConfig", "StepMetrics", "TrainStep"]
@@ -76,8 +77,12 @@ class GuardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepMetrics:
+class StepMetrics(JsonRecord):
     """What one guarded step did. ``loss`` and ``grad_norm`` sync with the device only when read."""
+
+    _schema: ClassVar[int] = _SCHEMA
+    # the tensors stay on the device; the JSON carries their values (reading them syncs)
+    _json_properties: ClassVar[tuple[str, ...]] = ("loss", "grad_norm")
 
     step: int
     """Optimizer steps taken before this one (0 for the first step)."""
@@ -93,9 +98,9 @@ class StepMetrics:
     """True when no update was applied: non-finite loss with on_nonfinite="skip", or GradScaler found inf/NaN."""
     skip_reason: str | None
     """Why the step was skipped, if it was."""
-    loss_tensor: torch.Tensor | None
+    loss_tensor: torch.Tensor | None = field(metadata=NOT_IN_JSON)
     """This rank's batch loss (the weighted sum of micro-batch losses), detached, on the device."""
-    grad_norm_tensor: torch.Tensor | None
+    grad_norm_tensor: torch.Tensor | None = field(metadata=NOT_IN_JSON)
     """Global gradient norm before clipping, when max_grad_norm is set."""
 
     @property
@@ -107,21 +112,6 @@ class StepMetrics:
     def grad_norm(self) -> float | None:
         """The gradient norm before clipping as a float (a host sync), or None without clipping."""
         return None if self.grad_norm_tensor is None else float(self.grad_norm_tensor)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready view (syncs to read the loss)."""
-        return {
-            "schema": _SCHEMA,
-            "step": self.step,
-            "micro_batch_size": self.micro_batch_size,
-            "micro_batches": self.micro_batches,
-            "samples": self.samples,
-            "ooms": self.ooms,
-            "skipped": self.skipped,
-            "skip_reason": self.skip_reason,
-            "loss": self.loss,
-            "grad_norm": self.grad_norm,
-        }
 
 
 @dataclass(frozen=True)

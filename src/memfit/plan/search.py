@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from memfit._io import check_output_path, write_atomic
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
@@ -26,7 +27,7 @@ from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
 from memfit.guard.step import TrainStep
 from memfit.records import JsonRecord
-from memfit.speed.step_time import PhaseCost, predict_step_time
+from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
 from memfit.workload.knobs import apply_checkpointing, checkpoint_choices, model_facts, set_optimizer_impl
 from memfit.workload.spec import Workload
@@ -130,14 +131,13 @@ class Plan(JsonRecord):
 
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the plan as versioned JSON, atomically (temp file + rename)."""
-        target = Path(path)
-        if target.is_dir():
-            raise UsageError(f"cannot write the plan to {target}: it is a directory. Give a file name.")
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_text(self.to_json(indent=2))
-        tmp.replace(target)
-        return target
+        """Write the plan as versioned JSON, atomically: on any failure the file at ``path`` is left as it was.
+
+        Raises:
+            UsageError: ``path`` is a directory or in a folder that does not exist, or the write failed (a full
+                disk); the message names the path.
+        """
+        return write_atomic(check_output_path(path, "the plan"), self.to_json(indent=2), what="the plan")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
@@ -241,7 +241,7 @@ class Search:
     """The estimates of one planning run, and the memory/speed models built from them."""
 
     def __init__(self, workload: Workload, gpu: GpuSpec, allocator: AllocatorConfig, limit_bytes: int,
-                 effective: int, calibration: Any, allow_precision_change: bool) -> None:
+                 effective: int, calibration: Calibration | None, allow_precision_change: bool) -> None:
         self.workload, self.gpu, self.allocator = workload, gpu, allocator
         self.allow_precision_change = allow_precision_change
         self.limit_bytes, self.effective, self.calibration = limit_bytes, effective, calibration
@@ -336,7 +336,7 @@ def plan(
     allocator: AllocatorConfig | None = None,
     margin: float = DEFAULT_MARGIN,
     allow_precision_change: bool = False,
-    calibration: Any = None,
+    calibration: Calibration | None = None,
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from memfit.estimate.measure import Measurement
     from memfit.estimate.predict import Estimate
     from memfit.explain.explanation import Explanation
+    from memfit.explain.oom_diagnosis import OomDiagnosis
     from memfit.plan.search import Plan
 
 _CATEGORY_ORDER = (
@@ -178,13 +179,32 @@ def render_explanation(e: Explanation, console: Console) -> None:
                   "(allocator cap + CUDA context)[/]")
 
 
-def render_oom(diagnosis: dict[str, Any], console: Console) -> None:
-    """A parsed CUDA OOM message: what it says, then what it means."""
+def render_oom(diagnosis: OomDiagnosis, console: Console) -> None:
+    """A parsed CUDA OOM message: the numbers it gives, then what they mean."""
+    from rich.console import Group
+    from rich.markup import escape
     from rich.panel import Panel
+    from rich.table import Table
 
-    findings = diagnosis.get("findings", [])
-    body = "\n".join(f"• {line}" for line in findings) or "The message holds no numbers to diagnose."
-    console.print(Panel(body, title="The out-of-memory message", expand=False))
+    sizes = Table.grid(padding=(0, 2))
+    sizes.add_column(style="bold")
+    sizes.add_column(justify="right")
+    for label, nbytes in diagnosis.message.sizes():
+        sizes.add_row(label, format_bytes(nbytes))
+    findings = Table.grid(padding=(0, 1))  # a bullet column: wrapped lines stay indented under their sentence
+    findings.add_column()
+    findings.add_column()
+    for line in diagnosis.findings:
+        findings.add_row("•", escape(line))
+    causes = ", ".join(c.replace("_", " ") for c in diagnosis.causes)
+    body = Group(
+        sizes,
+        "",
+        findings if diagnosis.findings else "The message holds no numbers to diagnose.",
+        *([f"[dim]causes: {causes}[/]"] if causes else []),
+    )
+    title = f"The out-of-memory message ({escape(diagnosis.message.torch_format)})"
+    console.print(Panel(body, title=title, expand=False))
 
 
 def render_plan(p: Plan, console: Console) -> None:
