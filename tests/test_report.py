@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from memfit.errors import MissingExtraError, UsageError
+from memfit.estimate.categories import MEMORY_CATEGORIES, TRACED_CATEGORIES
 from memfit.estimate.predict import Estimate, estimate
-from memfit.estimate.trace import CATEGORIES
 from memfit.explain.explanation import BlockMemory, Explanation, Fix, Part
 from memfit.explain.oom_diagnosis import OomDiagnosis
 from memfit.explain.oom_message import OomMessage
@@ -69,7 +69,7 @@ def _explanation(base: Estimate, *, budget: int | None, oom: OomDiagnosis | None
 def test_timeline_by_category_sums_to_allocated(est: Estimate) -> None:
     assert est.timeline
     for point in est.timeline:
-        assert set(point.by_category) == set(CATEGORIES)
+        assert set(point.by_category) == set(TRACED_CATEGORIES)
         assert sum(point.by_category.values()) == point.allocated_bytes
         assert min(point.by_category.values()) >= 0
     assert max(p.allocated_bytes for p in est.timeline) == est.peak_allocated_bytes
@@ -90,7 +90,7 @@ def test_phases_mark_each_step(est: Estimate) -> None:
 
 def test_estimate_with_timeline_categories_is_json(est: Estimate) -> None:
     d = json.loads(est.to_json())
-    assert d["timeline"][0]["by_category"].keys() == set(CATEGORIES)
+    assert d["timeline"][0]["by_category"].keys() == set(TRACED_CATEGORIES)
     assert [tuple(p) for p in d["phases"]] == est.phases
 
 
@@ -215,6 +215,18 @@ def test_terminal_shows_the_oom_diagnosis() -> None:
     assert "tried to allocate" in text and "2.00 GiB" in text and "GPU capacity" in text and "24.00 GiB" in text
     assert "• the <cap> was hit" in text and "• two" in text and "memory cap" in text
     assert "tried_to_allocate_bytes" not in text
+
+
+def test_every_category_and_training_change_has_its_words_and_colour() -> None:
+    from memfit.explain import explanation
+    from memfit.explain.fixes import TRAINING_CHANGES
+    from memfit.report import html as page
+    from memfit.report import terminal
+
+    assert set(plots.CATEGORY_COLORS) == set(plots.CATEGORY_LABELS) == set(MEMORY_CATEGORIES)
+    assert set(explanation._CATEGORY_WORDS) == set(MEMORY_CATEGORIES)
+    for words in (plots.TRAINING_COLORS, plots._TRAINING_LABELS, page._TRAINING_WORDS, terminal._TRAINING_WORDS):
+        assert set(words) == set(TRAINING_CHANGES)
 
 
 def test_write_pngs(est: Estimate, tmp_path: Path) -> None:

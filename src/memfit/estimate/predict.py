@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from memfit.estimate.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
+from memfit.estimate.categories import TRACED_CATEGORIES, MemoryCategory, TracedCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.op_costs import StepCost
-from memfit.estimate.trace import CATEGORIES, Trace, trace_workload
+from memfit.estimate.trace import Trace, trace_workload
 from memfit.records import JsonRecord, json_as
 from memfit.workload.protocol import DEFAULT_STEPS
 from memfit.workload.spec import Workload
@@ -35,7 +36,7 @@ class TensorAtPeak:
     """A tensor alive at the peak."""
 
     nbytes: int
-    category: str
+    category: TracedCategory
     module: str
     op: str
     shape: tuple[int, ...]
@@ -52,8 +53,8 @@ class TimelinePoint:
     allocated_bytes: int
     phase: str
     step: int
-    by_category: dict[str, int] = field(default_factory=dict)
-    """``allocated_bytes`` split by category (every name in ``memfit.estimate.trace.CATEGORIES``); the values sum to it."""
+    by_category: dict[TracedCategory, int] = field(default_factory=dict)
+    """``allocated_bytes`` split by category (every ``TracedCategory``); the values sum to it."""
 
 
 def _cost_totals(cost: StepCost | None) -> dict[str, Any] | None:
@@ -87,7 +88,7 @@ class Estimate(JsonRecord):
     """The same cap as the allocator replay finds it, before the margin."""
     device_bytes: int
     """``fits_in_bytes`` plus the CUDA context and other memory outside the allocator: what the GPU must have."""
-    breakdown: dict[str, int]
+    breakdown: dict[MemoryCategory, int]
     """Bytes by category at the allocated peak, plus ``fragmentation`` (fits_in - peak allocated)."""
     activations_by_module: dict[str, int]
     """Activation bytes held for backward at the end of the last forward, by module (qualified name)."""
@@ -197,7 +198,7 @@ def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorCo
     live = _live_before(events, sizes, peak_index + 1)
 
     allocs = trace.allocs
-    breakdown: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+    breakdown: dict[TracedCategory, int] = dict.fromkeys(TRACED_CATEGORIES, 0)
     for key, size in live.items():
         cat = allocs[key].category
         breakdown[cat] = breakdown.get(cat, 0) + size
@@ -259,7 +260,7 @@ def _timeline(
         chunk = allocated_after[start : start + bucket]
         kept.append(start + max(range(len(chunk)), key=chunk.__getitem__))
     allocs = trace.allocs
-    running = dict.fromkeys(CATEGORIES, 0)
+    running = dict.fromkeys(TRACED_CATEGORIES, 0)
     points = []
     marks = trace.phase_marks
     m = 0

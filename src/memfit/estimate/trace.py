@@ -22,6 +22,7 @@ import torch
 from memfit import _torch_private as tp
 from memfit.errors import TraceError, WorkloadError
 from memfit.estimate import workspaces as ws
+from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.op_costs import OpCost, OpCounter
@@ -30,9 +31,6 @@ from memfit.workload.spec import Workload
 
 log = logging.getLogger(__name__)
 
-CATEGORIES = (
-    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
-)
 
 # ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
 _CUBLAS_OPS = frozenset(
@@ -51,7 +49,7 @@ class Alloc:
     step: int
     shape: tuple[int, ...]
     dtype: str
-    category: str
+    category: TracedCategory
     optional: bool = False
     """A library workspace that the library does without when memory is short (cuDNN picks another algorithm)."""
 
@@ -173,7 +171,7 @@ class _Recorder(tp.TorchDispatchMode):
         self.trace.phase_marks.append((len(self.trace.ops), name, step))
         self.costs.set_phase(name, step)
 
-    def _default_category(self) -> str:
+    def _default_category(self) -> TracedCategory:
         if self.phase == "data":
             return "data"
         if self.phase in ("forward", "loss"):
@@ -182,7 +180,7 @@ class _Recorder(tp.TorchDispatchMode):
             return "activations"  # recomputation of checkpointed modules
         return "temporaries"
 
-    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: str | None = None) -> int:
+    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: TracedCategory | None = None) -> int:
         key = len(self.trace.allocs)
         module = self.module_stack[-1] if self.module_stack else ("(loss)" if self.phase == "loss" else "")
         self.trace.allocs.append(
@@ -257,7 +255,7 @@ class _Recorder(tp.TorchDispatchMode):
         self._born_in_node[key] = node
         return True
 
-    def mark(self, t: torch.Tensor | None, category: str) -> None:
+    def mark(self, t: torch.Tensor | None, category: TracedCategory) -> None:
         if t is None:
             return
         key = self._live.get(t.untyped_storage())

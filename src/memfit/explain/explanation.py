@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from memfit.errors import MemfitError
 from memfit.estimate.allocator import AllocatorConfig
+from memfit.estimate.categories import MemoryCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
@@ -35,8 +36,7 @@ SCHEMA = 1
 class Part:
     """One category of the memory at the peak."""
 
-    category: str
-    """params, buffers, grads, optimizer_state, activations, temporaries, workspaces, data, fragmentation."""
+    category: MemoryCategory
     nbytes: int
     share: float
     """Of ``fits_in_bytes`` (the memory the step needs)."""
@@ -105,7 +105,7 @@ class Explanation(JsonRecord):
 
 # ----------------------------------------------------------------------------------------------- explain()
 
-_CATEGORY_WORDS = {
+_CATEGORY_WORDS: dict[MemoryCategory, str] = {
     "params": "parameters",
     "buffers": "buffers",
     "grads": "gradients",
@@ -116,7 +116,7 @@ _CATEGORY_WORDS = {
     "workspaces": "library workspaces",
     "fragmentation": "fragmentation",
 }
-_SINGULAR = frozenset({"optimizer_state", "data", "fragmentation"})
+_SINGULAR: frozenset[MemoryCategory] = frozenset({"optimizer_state", "data", "fragmentation"})
 
 
 def explain(

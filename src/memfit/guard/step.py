@@ -30,12 +30,12 @@ from memfit.guard.rollback import Snapshot, memory_in_use, resolve_device
 from memfit.guard.sizing import MicroBatchSizer
 from memfit.records import NOT_IN_JSON, JsonRecord
 from memfit.units import format_bytes
+from memfit.workload.spec import PRECISIONS, Precision, default_forward
 
 __all__ = ["GuardConfig", "StepMetrics", "TrainStep"]
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "bf16", "fp16"]
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
 
 _SCHEMA = 1
@@ -62,8 +62,8 @@ class GuardConfig:
     """Distributed only: how long a rank waits for the others before raising RankAgreementError."""
 
     def __post_init__(self) -> None:
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise UsageError(f"precision must be 'fp32', 'bf16' or 'fp16', got {self.precision!r}.")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise UsageError(f"micro_batch_size must be at least 1 or None, got {self.micro_batch_size}.")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
@@ -125,14 +125,6 @@ class _Failure:
     reserved_bytes: int | None
 
 
-def _default_forward(module: nn.Module, micro_batch: Any) -> Any:
-    if isinstance(micro_batch, dict):
-        return module(**micro_batch)
-    if isinstance(micro_batch, (tuple, list)):
-        return module(micro_batch[0])
-    return module(micro_batch)
-
-
 class TrainStep:
     """One optimizer step per call, split into micro-batches, retried at a smaller size after an OOM.
 
@@ -176,7 +168,7 @@ class TrainStep:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.forward_fn = forward_fn or _default_forward
+        self.forward_fn = forward_fn or default_forward
         self.splitter: microbatch.BatchSplitter = splitter or microbatch.TensorSplitter()
         self.count_fn = count_fn or self.splitter.size
         # "cuda" becomes "cuda:<current>" here, once: several CUDA calls reject a device without an index.

@@ -30,7 +30,7 @@ from memfit.records import JsonRecord
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
 from memfit.workload.knobs import apply_checkpointing, checkpoint_choices, model_facts, set_optimizer_impl
-from memfit.workload.spec import Workload
+from memfit.workload.spec import OptimizerImpl, Precision, Workload
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,9 @@ class Config:
 
     micro_batch: int
     accumulation_steps: int
-    precision: str
+    precision: Precision
     checkpoint: tuple[str, ...] = ()
-    optimizer_impl: str = "default"
+    optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
     expandable_segments: bool = False
     patch_size: tuple[int, ...] | None = None
@@ -217,9 +217,9 @@ _FB_PHASES = ("forward", "loss", "backward")
 class _Structure:
     """Everything but the micro-batch size."""
 
-    precision: str
+    precision: Precision
     checkpoint: tuple[str, ...] = ()
-    optimizer_impl: str = "default"
+    optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
 
     def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
@@ -417,10 +417,10 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     """
     w, eff = search.workload, search.effective
     facts = model_facts(w)
-    opt = w.optimizer_impl
+    opt: OptimizerImpl = w.optimizer_impl
     if opt in ("default", "foreach") and "fused" in facts.optimizer_impls:
         opt = "fused"
-    precisions = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
+    precisions: list[Precision] = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
     formats = [w.channels_last] + ([True] if facts.has_conv and not w.channels_last else [])
     b_lo = 1
     b_mid = max(d for d in range(1, max(1, eff // 2) + 1) if eff % d == 0)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from memfit.explain.explanation import Explanation, Fix
+    from memfit.explain.fixes import TrainingChange
     from memfit.explain.oom_diagnosis import OomDiagnosis
 
 # (file stem, figure function in memfit.report.figures, what the picture answers)
@@ -40,7 +41,7 @@ _PICTURES = (
     ("blocks", "blocks_figure", "Which blocks hold the activations"),
     ("fixes", "fixes_figure", "What each fix would need, and what it costs"),
 )
-_TRAINING_WORDS = {"no": "no: same mathematics", "numerics": "rounding only", "semantics": "yes"}
+_TRAINING_WORDS: dict[TrainingChange, str] = {"no": "no: same mathematics", "numerics": "rounding only", "semantics": "yes"}
 # 110 dpi: sharp on a laptop screen, and each picture stays near 100 KB (the page holds four)
 
 

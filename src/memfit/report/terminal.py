@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memfit.estimate.categories import MEMORY_CATEGORIES
 from memfit.units import format_bytes
 
 if TYPE_CHECKING:
@@ -12,13 +13,10 @@ if TYPE_CHECKING:
     from memfit.estimate.measure import Measurement
     from memfit.estimate.predict import Estimate
     from memfit.explain.explanation import Explanation
+    from memfit.explain.fixes import TrainingChange
     from memfit.explain.oom_diagnosis import OomDiagnosis
     from memfit.plan.search import Plan
 
-_CATEGORY_ORDER = (
-    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
-    "fragmentation",
-)
 
 
 def _bar(fraction: float, width: int = 24) -> str:
@@ -69,7 +67,7 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
     cats.add_column("bytes", justify="right")
     cats.add_column("share", justify="right")
     cats.add_column("")
-    for cat in _CATEGORY_ORDER:
+    for cat in MEMORY_CATEGORIES:
         size = est.breakdown.get(cat, 0)
         if size:
             cats.add_row(cat, format_bytes(size), f"{size / total:.1%}", _bar(size / total))
@@ -129,7 +127,7 @@ def render_measurement(m: Measurement, console: Console) -> None:
         console.print(f"memory snapshot: {m.snapshot_path} (open it at pytorch.org/memory_viz)")
 
 
-_TRAINING_WORDS = {"no": "[green]same maths[/]", "numerics": "[yellow]numerics[/]", "semantics": "[red]semantics[/]"}
+_TRAINING_WORDS: dict[TrainingChange, str] = {"no": "[green]same maths[/]", "numerics": "[yellow]numerics[/]", "semantics": "[red]semantics[/]"}
 
 
 def render_explanation(e: Explanation, console: Console) -> None:
