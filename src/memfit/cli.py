@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
@@ -251,19 +250,10 @@ def list_builtins() -> None:
 
 
 def _exit(code: int) -> NoReturn:
-    """End the process: flush the output, run the atexit handlers (logging's among them), then skip the
-    interpreter's teardown, which frees every object of torch and the model's libraries one by one: 1.7-1.9 s
-    after a Swin-UNETR estimate with MONAI and transformers loaded, on the 2-core CPU
-    (benchmarks/results/estimate_time_static_fake_cpu_20261126.md)."""
-    import atexit
-    import os
+    """End the process without the interpreter's teardown, after the atexit handlers (``memfit._process``)."""
+    from memfit._process import exit_now
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 def main() -> None:

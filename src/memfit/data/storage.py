@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MIN_ITEMS = 100_000
 
 
-class _PackedStrings:
+class PackedStrings:
     """Variable-length strings as one UTF-8 byte buffer plus offsets: two objects, whatever the row count."""
 
     def __init__(self, values: Sequence[str]) -> None:
@@ -71,7 +71,7 @@ class SampleTable:
     def __init__(self, columns: Mapping[str, Sequence[Any] | np.ndarray]) -> None:
         if not columns:
             raise UsageError("SampleTable needs at least one column; pass e.g. {'path': [...], 'height': [...]}.")
-        self._columns: dict[str, np.ndarray | _PackedStrings] = {}
+        self._columns: dict[str, np.ndarray | PackedStrings] = {}
         length: int | None = None
         for name, values in columns.items():
             column = _to_column(name, values)
@@ -110,7 +110,7 @@ class SampleTable:
     def column(self, name: str) -> np.ndarray:
         """Return a numeric column as its NumPy array (no copy). Text columns cannot be returned this way."""
         column = self._columns[name]
-        if isinstance(column, _PackedStrings):
+        if isinstance(column, PackedStrings):
             raise UsageError(f"Column {name!r} holds text; read it row by row with table[i][{name!r}].")
         return column
 
@@ -124,12 +124,12 @@ class SampleTable:
         return sum(int(c.nbytes) for c in self._columns.values())
 
 
-def _to_column(name: str, values: Sequence[Any] | np.ndarray) -> np.ndarray | _PackedStrings:
+def _to_column(name: str, values: Sequence[Any] | np.ndarray) -> np.ndarray | PackedStrings:
     if isinstance(values, np.ndarray) and values.dtype != object:
         return values
     values = list(values)
     if all(isinstance(v, str) for v in values):
-        return _PackedStrings(values)
+        return PackedStrings(values)
     array = np.asarray(values)
     if array.dtype == object or array.dtype.kind in "US":
         raise UsageError(

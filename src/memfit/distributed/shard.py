@@ -5,8 +5,8 @@ Per rank, DDP keeps a full copy of parameters, gradients and optimizer state, pl
 unit being computed. :func:`model_state_memory` gives both from the model's parameter shapes, term by term, so a
 planner can decide; the terms are checked against real tensors in ``tests/test_shard.py``.
 
-This is the one module that imports FSDP2, whose home moved from ``torch.distributed._composable.fsdp``
-(torch 2.4-2.5) to ``torch.distributed.fsdp`` (2.6+).
+FSDP2 moved from ``torch.distributed._composable.fsdp`` (torch 2.4-2.5) to ``torch.distributed.fsdp`` (2.6+):
+``memfit._torch_private.load_fully_shard`` finds it.
 
 Example:
     >>> import torch
@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn as nn
 
+from memfit import _torch_private as tp
 from memfit.errors import UsageError
 from memfit.records import JsonRecord
 
@@ -43,21 +44,6 @@ DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 STEP_TENSOR_BYTES = 4
 
 Strategy = Literal["ddp", "fsdp"]
-
-
-def load_fully_shard() -> Callable[..., Any]:
-    """Return ``fully_shard`` from wherever this torch keeps it, or raise naming the torch version needed."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
-    except ImportError:
-        try:
-            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4-2.5
-        except ImportError as exc:
-            raise UsageError(
-                f"FSDP2 (fully_shard) needs torch >= 2.4 with torch.distributed; this is torch {torch.__version__}. "
-                "Upgrade torch or use DistributedDataParallel."
-            ) from exc
-    return fully_shard
 
 
 def find_blocks(model: nn.Module, block_types: Iterable[type[nn.Module]] | None = None) -> list[tuple[str, nn.Module]]:
@@ -115,7 +101,7 @@ def shard_model(
             all-gather in backward); ``False`` keeps them to backward (ZeRO-2-like, faster, more memory).
         **fully_shard_kwargs: Passed on (``mesh``, ``mp_policy``, ``offload_policy``).
     """
-    fully_shard = load_fully_shard()
+    fully_shard = tp.load_fully_shard()
     blocks = find_blocks(model, block_types)
     for _name, block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)

@@ -163,10 +163,7 @@ class OpCounter:
             return ("ignore",)
         if func.is_view or name in _NO_KERNEL:
             return ("free",)
-        schema = func._schema
-        mutated = tuple(
-            i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
-        )
+        mutated = tp.op_mutated_arguments(func)
         foreach = name.startswith(("_foreach_", "_fused_", "_amp_foreach_"))
         return ("kernel", self._formulas.get(func.overloadpacket), mutated, foreach)
 
