@@ -2,7 +2,7 @@
 
 The smallest memory cap that runs without OOM is found by bisection over
 ``torch.cuda.set_per_process_memory_fraction``, each try in a fresh process so no allocator cache carries over.
-Run ``python -m memfit.measure SPEC [--fraction F]`` to get one try as JSON (what the bisection calls).
+Run ``python -m memfit.estimate.measure SPEC [--cap-bytes N]`` to get one try as JSON (what the bisection calls).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from memfit.workload.loading import load_workload
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 
 SCHEMA = 1
+TRIAL_MODULE = "memfit.estimate.measure"
+"""What ``run_trial`` runs with ``python -m``: this module, whose ``__main__`` block runs one trial."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def run_trial(
     changes: dict[str, Any] | None = None, allocator_conf: str | None = None,
 ) -> Trial:
     """One protocol run in a fresh Python process (``allocator_conf``: its ``PYTORCH_CUDA_ALLOC_CONF``)."""
-    cmd = [sys.executable, "-m", "memfit.measure", *_spec_args(spec, batch_size, precision, changes)]
+    cmd = [sys.executable, "-m", TRIAL_MODULE, *_spec_args(spec, batch_size, precision, changes)]
     if cap_bytes is not None:
         cmd += ["--cap-bytes", str(cap_bytes)]
     if snapshot:
@@ -201,7 +203,7 @@ def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
 
 def _trial_main(argv: list[str] | None = None) -> None:
     """The body of one trial process: run the protocol, print one JSON line."""
-    parser = argparse.ArgumentParser(prog="python -m memfit.measure")
+    parser = argparse.ArgumentParser(prog=f"python -m {TRIAL_MODULE}")
     parser.add_argument("spec")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--precision")

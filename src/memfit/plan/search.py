@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 SCHEMA = 1
 DEFAULT_MARGIN = 0.02
 """The plan keeps ``device_bytes <= budget × (1 - margin)``. On top of the estimator's own 1.5 % placement
-margin (``estimate.FITS_IN_MARGIN``), it absorbs the estimator's measured error (peak allocated within 2.1 %,
+margin (``memfit.estimate.predict.FITS_IN_MARGIN``), it absorbs the estimator's measured error (peak allocated within 2.1 %,
 benchmarks/results/estimate_accuracy_h200_20261126.md)."""
 
 

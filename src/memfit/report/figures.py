@@ -191,7 +191,7 @@ def timeline_figure(estimate: Estimate | Explanation, *, budget_bytes: int | Non
         ys = [[p.by_category.get(c, 0) for p in points] for c in present]
         ax.stackplot(xs, ys, colors=[CATEGORY_COLORS[c] for c in present], step="post",
                      labels=[CATEGORY_LABELS[c] for c in present], linewidth=0)
-    else:  # an estimate from before the timeline had categories
+    else:  # a timeline without categories (TimelinePoint.by_category empty): its total, in one colour
         ax.fill_between(xs, [p.allocated_bytes for p in points], step="post", color=CATEGORY_COLORS["params"])
     ax.step(xs, [p.allocated_bytes for p in points], where="post", color=_INK, linewidth=0.6)
 
