@@ -3,8 +3,8 @@
 A result is a frozen dataclass that inherits ``JsonRecord``. ``to_dict`` walks its fields in order: a nested result
 (another ``JsonRecord``) gives its own ``to_dict``; other dataclasses, lists, tuples and dicts are converted as
 ``dataclasses.asdict`` converts them. ``"schema"`` carries the class's ``_schema``, the layout version a reader checks
-before trusting the rest: first, or where the class declares a ``schema`` field. Three class-level knobs and no
-hand-written dicts:
+before trusting the rest: first, or where the class declares a ``schema`` field. Three knobs, and no hand-written
+dicts:
 
 * ``_schema = None``: a part versioned by the result that holds it (``Trial`` inside ``Measurement``), no key;
 * ``_json_properties``: computed values appended after the fields (``ModelStateMemory.total_bytes``);
