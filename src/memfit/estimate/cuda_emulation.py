@@ -115,7 +115,7 @@ class _CastCache:
         if t.dtype == dtype:
             return t
         cacheable = (
-            dtype == lower and t.dtype == torch.float32 and t.requires_grad and t.is_leaf and not t._is_view()
+            dtype == lower and t.dtype == torch.float32 and t.requires_grad and t.is_leaf and not tp.is_view(t)
         )
         if not cacheable:
             return t.to(dtype)
@@ -139,7 +139,7 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
 
 
 def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Callable[..., Any]:
-    arg_names = [a.name for a in op._schema.arguments]
+    arg_names = tp.op_argument_names(op)
     dtype_pos = arg_names.index("dtype") if "dtype" in arg_names else None
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -198,26 +198,17 @@ def _cuda_sdpa(
         groups = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
     if query.dim() != 4 or not (query.dtype == key.dtype == value.dtype):
-        return torch.ops.aten._scaled_dot_product_attention_math.default(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale
-        )[0]
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if attn_mask is not None and attn_mask.requires_grad:
         # a learned bias (T5's relative positions): only the memory-efficient kernel returns its grad, so CUDA
         # runs that one (the CPU flash kernel refuses it). Its meta kernel gives CUDA's saved tensors: the
         # output and a log-sum-exp padded to a multiple of 32 queries; in backward, a grad of the expanded bias
         # with its keys padded to a multiple of 16 (tests/test_trace.py checks the kernel and the log-sum-exp on CUDA).
         if attn_mask.dtype != query.dtype:
-            return torch.ops.aten._scaled_dot_product_attention_math.default(
-                query, key, value, attn_mask, dropout_p, is_causal, scale=scale
-            )[0]
+            return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
         bias = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-        return torch.ops.aten._scaled_dot_product_efficient_attention.default(
-            query, key, value, bias, True, dropout_p, is_causal, scale=scale
-        )[0]
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
-    )[0]
-    return out
+        return tp.sdpa_efficient(query, key, value, bias, dropout_p, is_causal, scale)
+    return tp.sdpa_flash_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 class _CudnnRNN(torch.autograd.Function):
@@ -232,12 +223,15 @@ class _CudnnRNN(torch.autograd.Function):
         hidden = hx.shape[-1]
         out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
         output = input.new_empty(out_shape)
-        dims = (seq, batch, hidden, layers, directions, input.element_size())
-        workspace = input.new_empty(rnn_transient_bytes(*dims, mode, "forward"), dtype=torch.uint8)
+        itemsize = input.element_size()
+        workspace = input.new_empty(
+            rnn_transient_bytes(seq, batch, hidden, layers, directions, itemsize, mode, "forward"), dtype=torch.uint8
+        )
         del workspace  # taken and given back inside the cuDNN call
-        reserve = input.new_empty(rnn_reserve_bytes(*dims, mode), dtype=torch.uint8)
+        reserve = input.new_empty(rnn_reserve_bytes(seq, batch, hidden, layers, directions, itemsize, mode),
+                                  dtype=torch.uint8)
         ctx.save_for_backward(input, hx, output, reserve, *params)
-        ctx.dims, ctx.mode, ctx.has_cell = dims, mode, cx is not None
+        ctx.dims, ctx.mode, ctx.has_cell = (seq, batch, hidden, layers, directions, itemsize), mode, cx is not None
         if cx is None:
             return output, hx.new_empty(hx.shape)
         return output, hx.new_empty(hx.shape), cx.new_empty(cx.shape)
@@ -245,7 +239,10 @@ class _CudnnRNN(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor, grad_hy: torch.Tensor, *grad_cy: torch.Tensor) -> Any:
         input, hx, output, reserve, *params = ctx.saved_tensors
-        workspace = input.new_empty(rnn_transient_bytes(*ctx.dims, ctx.mode, "backward"), dtype=torch.uint8)
+        seq, batch, hidden, layers, directions, itemsize = ctx.dims
+        workspace = input.new_empty(
+            rnn_transient_bytes(seq, batch, hidden, layers, directions, itemsize, ctx.mode, "backward"), dtype=torch.uint8
+        )
         del workspace  # taken and given back inside the cuDNN call
         grads = [p.new_empty(p.shape) for p in params]
         grad_cx = hx.new_empty(hx.shape) if ctx.has_cell else None

@@ -25,6 +25,7 @@ import torch
 from memfit import _torch_private as tp
 from memfit.errors import TraceError, WorkloadError
 from memfit.estimate import workspaces as ws
+from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.op_costs import OpCost, OpCounter
@@ -33,9 +34,6 @@ from memfit.workload.spec import Workload
 
 log = logging.getLogger(__name__)
 
-CATEGORIES = (
-    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
-)
 
 # ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
 _CUBLAS_OPS = frozenset(
@@ -54,7 +52,7 @@ class Alloc:
     step: int
     shape: tuple[int, ...]
     dtype: str
-    category: str
+    category: TracedCategory
     optional: bool = False
     """A library workspace that the library does without when memory is short (cuDNN picks another algorithm)."""
 
@@ -149,9 +147,10 @@ class _InPlaceForeachOps(dict):
     """func -> whether it is an in-place foreach op that returns nothing (``_foreach_mul_``), by its schema."""
 
     def __missing__(self, func: Any) -> bool:
-        schema = func._schema
+        name = tp.op_short_name(func)
         self[func] = answer = (
-            schema.name.startswith("aten::_foreach_") and schema.name.endswith("_") and not schema.returns
+            func.namespace == "aten" and name.startswith("_foreach_") and name.endswith("_")
+            and tp.op_returns_nothing(func)
         )
         return answer
 
@@ -193,7 +192,7 @@ class _Recorder(tp.TorchDispatchMode):
         self.trace.phase_marks.append((len(self.trace.ops), name, step))
         self.costs.set_phase(name, step)
 
-    def _default_category(self) -> str:
+    def _default_category(self) -> TracedCategory:
         if self.phase == "data":
             return "data"
         if self.phase in ("forward", "loss"):
@@ -202,7 +201,7 @@ class _Recorder(tp.TorchDispatchMode):
             return "activations"  # recomputation of checkpointed modules
         return "temporaries"
 
-    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: str | None = None) -> int:
+    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: TracedCategory | None = None) -> int:
         key = len(self.trace.allocs)
         module = self.module_stack[-1] if self.module_stack else ("(loss)" if self.phase == "loss" else "")
         self.trace.allocs.append(
@@ -285,7 +284,7 @@ class _Recorder(tp.TorchDispatchMode):
             self._finalizers.pop(key).detach()
             self._born_in_node.pop(key, None)
 
-    def mark(self, t: torch.Tensor | None, category: str) -> None:
+    def mark(self, t: torch.Tensor | None, category: TracedCategory) -> None:
         if t is None:
             return
         key = self._live.get(t.untyped_storage())
@@ -301,7 +300,7 @@ class _Recorder(tp.TorchDispatchMode):
         kwargs = kwargs or {}
         if self.silent:
             return func(*args, **kwargs)
-        name = func._schema.name.split("::")[-1]
+        name = tp.op_short_name(func)
         if name in _CUBLAS_OPS:
             self._maybe_cublas_workspace()
         if _IN_PLACE_FOREACH[func] and _no_constants(args):
@@ -327,7 +326,7 @@ class _Recorder(tp.TorchDispatchMode):
                 raise
             out = self._data_dependent_scalar(args[0])
         except tp.UnsupportedOperatorException as exc:
-            if not func._schema.returns:
+            if tp.op_returns_nothing(func):
                 # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
                 # torch 2.13): there is no output to fake and no storage to track
                 out = None
@@ -629,19 +628,19 @@ def _build_model(factory: Any, recorder: _Recorder) -> Any:
         real = factory()
     twins: dict[int, torch.Tensor] = {}
 
-    def twin(t: torch.Tensor) -> torch.Tensor:
+    def twin(t: torch.Tensor, parameter: bool) -> torch.Tensor:
         if id(t) not in twins:
             fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
-            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if isinstance(t, torch.nn.Parameter) else fake
+            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if parameter else fake
         return twins[id(t)]
 
+    # setattr on a registered name replaces the tensor and keeps its registration (a buffer stays persistent or
+    # not); each list is read whole before the first replacement
     for module in real.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                module._parameters[name] = twin(p)
-        for name, b in module._buffers.items():
-            if b is not None:
-                module._buffers[name] = twin(b)
+        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(p, parameter=True))
+        for name, b in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(b, parameter=False))
     nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
     msg = (f"the model's constructor sizes a tensor by tensor values ({op}), which fake tensors do not have: "
            f"memfit built it for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies "

@@ -30,13 +30,14 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from memfit.errors import DeviceError, UsageError
 from memfit.estimate.gpus import GpuSpec, detect_gpu, gpu_spec
 from memfit.estimate.op_costs import PhaseCost, StepCost
 from memfit.estimate.trace import trace_workload
 from memfit.guard.oom import is_oom
+from memfit.records import JsonRecord
 from memfit.workload.protocol import build, run_steps
 from memfit.workload.spec import Workload
 
@@ -110,8 +111,11 @@ dispatch costs, so the data cannot tell them apart)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class SpeedPrediction:
+class SpeedPrediction(JsonRecord):
     """The predicted time of one training step."""
+
+    _schema: ClassVar[int] = SCHEMA
+    _json_properties: ClassVar[tuple[str, ...]] = ("bound",)
 
     model: Literal["roofline", "calibrated"]
     """``roofline``: datasheet peaks and placeholder constants; ``calibrated``: constants fitted on a GPU."""
@@ -137,11 +141,6 @@ class SpeedPrediction:
     def bound(self) -> str:
         """``gpu`` when the kernels take longer than dispatching them, else ``cpu``."""
         return "gpu" if self.gpu_busy_s >= self.cpu_s else "cpu"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["bound"] = self.bound
-        return d
 
 
 @dataclass(frozen=True)
@@ -266,8 +265,10 @@ class CalibrationSample:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Calibration:
+class Calibration(JsonRecord):
     """Speed-model constants fitted to timed steps on one GPU; pass it to ``predict_step_time``."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     params: SpeedParams
     gpu: str
@@ -280,11 +281,6 @@ class Calibration:
     rms_log_error: float
     """Root-mean-square of log(predicted / measured) over the fitted phase times: 0.05 is about 5 %."""
     schema: int = SCHEMA
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["schema"] = SCHEMA
-        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
