@@ -77,7 +77,8 @@ gru_bidir_1000_issue13 = Workload(
     model=FrameGRU, batch=_frames, loss=ce, optimizer=_adam, batch_size=32, precision="fp32",
     tags=("torch", "rnn", "gru", "long_sequence", "issue13"),
 )
-gru_bidir_1000_bf16 = gru_bidir_1000_issue13.replace(name="gru_bidir_1000_bf16", precision="bf16", batch_size=64)
+gru_bidir_1000_bf16 = gru_bidir_1000_issue13.replace(name="gru_bidir_1000_bf16", precision="bf16", batch_size=64,
+                                                    tags=("torch", "rnn", "gru", "long_sequence"))
 
 
 class PackedLSTMClassifier(nn.Module):
