@@ -95,18 +95,48 @@ def lstm_rows() -> list[dict]:
     return rows
 
 
+def rnn_rows() -> list[dict]:
+    """GRU, tanh RNN and LSTM (one- and two-directional): what forward keeps beyond its outputs (the reserve), and
+    the transients of forward and backward. A grid of its own, not the gap cases' shapes."""
+    rows = []
+    modes = {"GRU": torch.nn.GRU, "RNN_TANH": torch.nn.RNN, "LSTM": torch.nn.LSTM}
+    grid = itertools.product(modes, (1, 2), (1, 3), (96, 384), (40, 500), (4, 24), ("fp32", "bf16"))
+    for mode, directions, layers, hidden, seq, n, dname in grid:
+        dtype = DTYPES[dname]
+        rnn = modes[mode](hidden, hidden, layers, batch_first=True, bidirectional=directions == 2).cuda().to(dtype)
+        x = torch.randn(n, seq, hidden, device="cuda", dtype=dtype, requires_grad=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out, state = rnn(x)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - before
+        fwd = torch.cuda.max_memory_allocated() - before - kept
+        states = state if isinstance(state, tuple) else (state,)
+        tensors = sum(t.numel() * t.element_size() for t in (out, *states))
+        _, bwd = _transient(lambda: torch.autograd.grad(out, (x, *rnn.parameters()), torch.randn_like(out)))  # noqa: B023, F821
+        rows.append(dict(kind="rnn", mode=mode, directions=directions, layers=layers, hidden=hidden, seq=seq, n=n,
+                         dtype=dname, out_bytes=tensors, kept_bytes=kept, reserve_bytes=kept - tensors,
+                         fwd_ws=fwd, bwd_ws=bwd))
+        del rnn, x, out, state, states
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--only", choices=("conv", "lstm", "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
-    rows = conv_rows() + lstm_rows()
+    families = {"conv": conv_rows, "lstm": lstm_rows, "rnn": rnn_rows}
+    rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)
     result = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(), "rows": rows}
     slug = props.name.lower().replace("nvidia", "").strip().split()[0]
-    path = Path(args.out) / f"cudnn_calibration_{slug}_{dt.date.today():%Y%m%d}.json"
+    family = f"{args.only}_" if args.only else ""
+    path = Path(args.out) / f"cudnn_calibration_{family}{slug}_{dt.date.today():%Y%m%d}.json"
     path.write_text(json.dumps(result, indent=0))
     print(f"{len(rows)} rows -> {path}")
 

@@ -5,8 +5,9 @@ Each case runs the cap bisection of ``measure`` (a fresh process per try), a few
 """
 
 import pytest
+import torch
 
-from memfit import estimate, measure
+from memfit import Workload, estimate, measure
 from memfit.estimate.gpus import detect_gpu
 from memfit.workload.zoo import builtin_workload
 
@@ -31,3 +32,67 @@ def test_estimate_agrees_with_measurement_on_this_gpu(name: str, batch_size: int
                f"{est.fits_in_bytes} fits_in; measured {measured.peak_allocated_bytes}, {measured.fits_in_bytes}")
     assert est.peak_allocated_bytes == pytest.approx(measured.peak_allocated_bytes, rel=ALLOCATED_TOLERANCE), context
     assert est.fits_in_bytes >= (1 - FITS_IN_SHORTFALL) * measured.fits_in_bytes, context
+
+
+def _language_model(keep_output: bool) -> Workload:
+    """Logits of 8 × 128 × 5000 fp32 (20 480 000 bytes), larger than everything else the step holds at once."""
+    return Workload(
+        name="lm",
+        model=lambda: torch.nn.Sequential(torch.nn.Embedding(1000, 256), torch.nn.Linear(256, 5000)),
+        batch=lambda n: (torch.randint(0, 1000, (n, 128)), torch.randint(0, 5000, (n, 128))),
+        loss=lambda out, b: torch.nn.functional.cross_entropy(out.flatten(0, 1), b[1].flatten()),
+        optimizer=lambda p: torch.optim.Adam(p),
+        batch_size=8,
+        keep_output=keep_output,
+    )
+
+
+def test_the_plain_loop_keeps_the_logits_on_top_of_the_backward_peak():
+    logits = 8 * 128 * 5000 * 4
+    plain, loss_only = estimate(_language_model(True)), estimate(_language_model(False))
+    assert plain.peak_phase == loss_only.peak_phase == "backward"
+    assert logits <= plain.peak_allocated_bytes - loss_only.peak_allocated_bytes <= logits + (1 << 20)
+    assert plain.keep_output and not loss_only.keep_output
+
+
+def test_the_upper_bound_is_the_base_margin_when_the_trace_relied_on_nothing():
+    from memfit.estimate.bound import BASE_MARGIN
+
+    est = estimate(_language_model(False))
+    assert est.uncertainty == []
+    assert est.fits_in_replay_bytes * (1 + BASE_MARGIN) <= est.fits_in_upper_bytes
+    assert est.fits_in_upper_bytes - est.fits_in_replay_bytes * (1 + BASE_MARGIN) < 2 << 20  # one segment
+    assert est.device_upper_bytes - est.fits_in_upper_bytes == est.device_bytes - est.fits_in_bytes  # the context
+
+
+class _ReadsAValue(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(64, 64, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        scale = float(out.abs().max())  # a value the fake tensors do not have
+        return out * scale
+
+
+def test_each_reason_widens_the_bound_and_is_named():
+    from memfit.estimate.bound import BASE_MARGIN, WIDTHS
+
+    w = Workload(model=_ReadsAValue, batch=lambda n: (torch.randn(n, 100, 64),),
+                 loss=lambda out, b: out.mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=16)
+    est = estimate(w)
+    reasons = {u.reason: u for u in est.uncertainty}
+    assert set(reasons) == {"rnn_kernel", "value_read"}
+    assert reasons["rnn_kernel"].detail.startswith("rnn (LSTM)")
+    assert "test_estimate.py:" in reasons["value_read"].detail and "in forward" in reasons["value_read"].detail
+    widen = BASE_MARGIN + WIDTHS["rnn_kernel"] + WIDTHS["value_read"]
+    assert est.fits_in_replay_bytes * (1 + widen) <= est.fits_in_upper_bytes < est.fits_in_replay_bytes * (1 + widen) + (2 << 20)
+
+
+def test_fits_is_decided_with_the_upper_bound():
+    est = estimate(_language_model(True))
+    between = (est.device_bytes + est.device_upper_bytes) // 2
+    assert est.device_bytes < between < est.device_upper_bytes
+    assert not est.fits(between) and est.margin_bytes(between) < 0
+    assert est.fits(est.device_upper_bytes) and est.margin_bytes(est.device_upper_bytes) == 0

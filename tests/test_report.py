@@ -35,7 +35,7 @@ def _fix(base: Estimate, name: str, knob: str, fits_in: int, time_factor: float 
          budget: int | None) -> Fix:
     device = fits_in + (base.device_bytes - base.fits_in_bytes)
     return Fix(name=name, knob=knob, changes={}, allocator=None, peak_allocated_bytes=fits_in, fits_in_bytes=fits_in,
-               device_bytes=device, saving_bytes=base.fits_in_bytes - fits_in, time_factor=time_factor,
+               device_bytes=device, device_upper_bytes=device, saving_bytes=base.fits_in_bytes - fits_in, time_factor=time_factor,
                speed_cost="about none" if time_factor == 1.0 else "", changes_training=training,
                fits_budget=None if budget is None else device <= budget)
 

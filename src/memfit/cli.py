@@ -22,7 +22,11 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
-def _load(spec: str, batch_size: Optional[int], precision: Optional[str]):  # noqa: ANN202
+_DROP_OUTPUT_HELP = ("Predict the loss-only step (the output dropped before backward, as Lightning's training_step "
+                     "and HF Trainer do) instead of the plain loop that keeps it alive.")
+
+
+def _load(spec: str, batch_size: Optional[int], precision: Optional[str], drop_output: bool = False):  # noqa: ANN202
     from memfit.workload.loading import load_workload
     from memfit.workload.spec import PRECISIONS
 
@@ -32,6 +36,8 @@ def _load(spec: str, batch_size: Optional[int], precision: Optional[str]):  # no
         _fail(f"--batch-size must be a positive integer, got {batch_size}.")
     workload = load_workload(spec)
     changes = {k: v for k, v in (("batch_size", batch_size), ("precision", precision)) if v is not None}
+    if drop_output:
+        changes["keep_output"] = False
     return workload.replace(**changes) if changes else workload
 
 
@@ -44,13 +50,14 @@ def estimate(
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget, e.g. 24GiB (2^30) or 24GB (10^9)."),
     json_out: bool = typer.Option(False, "--json", help="Print the Estimate as versioned JSON."),
     compare: bool = typer.Option(False, "--compare", help="Also measure on this machine's GPU, side by side."),
+    drop_output: bool = typer.Option(False, "--drop-output", help=_DROP_OUTPUT_HELP),
 ) -> None:
     """Predict the peak GPU memory of a training step, without a GPU."""
     from memfit.estimate.predict import estimate as run_estimate
     from memfit.units import parse_bytes
 
     budget_bytes = parse_bytes(budget) if budget is not None else None
-    w = _load(workload, batch_size, precision)
+    w = _load(workload, batch_size, precision, drop_output)
     if compare:
         import torch
 
@@ -63,14 +70,15 @@ def estimate(
     if compare:
         from memfit.estimate.measure import measure
 
-        measured = measure(workload, batch_size=batch_size, precision=precision, hint_bytes=est.fits_in_bytes)
+        measured = measure(workload, batch_size=batch_size, precision=precision, hint_bytes=est.fits_in_bytes,
+                           changes={"keep_output": False} if drop_output else None)
     if json_out:
         import json
 
         payload = est.to_dict()
         if budget_bytes is not None:
             payload["budget_bytes"] = budget_bytes
-            payload["fits_budget"] = est.margin_bytes(budget_bytes) >= 0
+            payload["fits_budget"] = est.fits(budget_bytes)
             payload["margin_bytes"] = est.margin_bytes(budget_bytes)
         if measured is not None:
             payload["measured"] = measured.to_dict()
@@ -91,12 +99,14 @@ def measure(
     bisect: bool = typer.Option(True, "--bisect/--no-bisect", help="Find the smallest cap that runs."),
     snapshot: Optional[str] = typer.Option(None, "--snapshot", help="Write a memory snapshot (memory_viz)."),
     json_out: bool = typer.Option(False, "--json"),
+    drop_output: bool = typer.Option(False, "--drop-output", help=_DROP_OUTPUT_HELP),
 ) -> None:
     """Run the same protocol for real on this machine's GPU and report the same fields."""
     from memfit.estimate.measure import measure as run_measure
 
-    _load(workload, batch_size, precision)  # validate before starting GPU processes
-    m = run_measure(workload, batch_size=batch_size, precision=precision, bisect=bisect, snapshot=snapshot)
+    _load(workload, batch_size, precision, drop_output)  # validate before starting GPU processes
+    m = run_measure(workload, batch_size=batch_size, precision=precision, bisect=bisect, snapshot=snapshot,
+                    changes={"keep_output": False} if drop_output else None)
     if json_out:
         import json
 
@@ -121,6 +131,7 @@ def explain(
     png_dir: Optional[str] = typer.Option(None, "--png-dir", help="Write the pictures as PNG files here."),
     no_fixes: bool = typer.Option(False, "--no-fixes", help="Diagnosis only (each fix costs one estimate)."),
     json_out: bool = typer.Option(False, "--json", help="Print the Explanation as versioned JSON."),
+    drop_output: bool = typer.Option(False, "--drop-output", help=_DROP_OUTPUT_HELP),
 ) -> None:
     """Why the step needs the memory it needs, what to change (each fix re-estimated), and pictures of it."""
     from memfit.units import parse_bytes
@@ -138,7 +149,7 @@ def explain(
         return
     from memfit.explain.explanation import explain as run_explain
 
-    w = _load(workload, batch_size, precision)
+    w = _load(workload, batch_size, precision, drop_output)
     e = run_explain(w, gpu=gpu, budget_bytes=budget_bytes, oom_text=oom_text, fixes=not no_fixes)
     written = _write_pictures(e, report, png_dir)
     if json_out:

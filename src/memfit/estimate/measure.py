@@ -88,7 +88,7 @@ def run_trial(
     changes: dict[str, Any] | None = None, allocator_conf: str | None = None,
 ) -> Trial:
     """One protocol run in a fresh Python process (``allocator_conf``: its ``PYTORCH_CUDA_ALLOC_CONF``)."""
-    cmd = [sys.executable, "-m", "memfit.measure", *_spec_args(spec, batch_size, precision, changes)]
+    cmd = [sys.executable, "-m", "memfit.estimate.measure", *_spec_args(spec, batch_size, precision, changes)]
     if cap_bytes is not None:
         cmd += ["--cap-bytes", str(cap_bytes)]
     if snapshot:

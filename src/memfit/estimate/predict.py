@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from memfit.estimate.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
+from memfit.estimate.bound import Uncertainty, upper_bound
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.op_costs import StepCost
 from memfit.estimate.trace import CATEGORIES, trace_workload
@@ -104,6 +105,16 @@ class Estimate(JsonRecord):
     elapsed_s: float = 0.0
     method: str = "fake-tensor trace + caching-allocator replay"
     schema: int = SCHEMA
+    keep_output: bool = field(default=True, kw_only=True)
+    """The loop predicted: True, the plain loop that keeps the output alive through backward; False, the
+    loss-only step (``Workload.keep_output``)."""
+    fits_in_upper_bytes: int = field(default=0, kw_only=True)
+    """A cap the step runs under with high confidence: ``fits_in`` widened by the method's base margin and by each
+    reason in ``uncertainty`` (``memfit.estimate.bound``). "Fits" is decided with this number."""
+    device_upper_bytes: int = field(default=0, kw_only=True)
+    """``fits_in_upper_bytes`` plus the CUDA context: the GPU memory a "fits" verdict promises is enough."""
+    uncertainty: list[Uncertainty] = field(default_factory=list, kw_only=True)
+    """What widened the upper bound beyond the base margin, with where it happened."""
 
     def to_dict(self) -> dict[str, Any]:
         # the cost's per-op rows stay out (thousands of them): its totals are what a report needs
@@ -113,8 +124,12 @@ class Estimate(JsonRecord):
         return d
 
     def margin_bytes(self, budget_bytes: int) -> int:
-        """Budget minus ``device_bytes``: positive means it fits with that much to spare."""
-        return budget_bytes - self.device_bytes
+        """Budget minus ``device_upper_bytes``: positive means it fits, with that much to spare."""
+        return budget_bytes - self.device_upper_bytes
+
+    def fits(self, budget_bytes: int) -> bool:
+        """Whether a GPU with ``budget_bytes`` for this process runs the step: decided with the upper bound."""
+        return self.device_upper_bytes <= budget_bytes
 
 
 def estimate(
@@ -153,6 +168,9 @@ def estimate(
     fits_in = -(-int(replayed * (1 + FITS_IN_MARGIN)) // _SEGMENT) * _SEGMENT
     breakdown = dict(analysis["breakdown"])
     breakdown["fragmentation"] = fits_in - analysis["peak_allocated"]
+    upper, uncertainty = upper_bound(replayed, trace.uncertain)
+    upper = max(upper, fits_in)
+    context = spec.context_bytes(trace.uses_cublas)
     return Estimate(
         workload=workload.name,
         batch_size=workload.batch_size,
@@ -162,7 +180,7 @@ def estimate(
         peak_reserved_bytes=analysis["peak_reserved"],
         fits_in_bytes=fits_in,
         fits_in_replay_bytes=replayed,
-        device_bytes=fits_in + spec.context_bytes(trace.uses_cublas),
+        device_bytes=fits_in + context,
         breakdown=breakdown,
         activations_by_module=analysis["activations_by_module"],
         peak_phase=analysis["peak_phase"],
@@ -177,6 +195,10 @@ def estimate(
         warnings=list(trace.warnings),
         cost=StepCost.from_trace(trace, workload.batch_size),
         elapsed_s=time.perf_counter() - started,
+        keep_output=workload.keep_output,
+        fits_in_upper_bytes=upper,
+        device_upper_bytes=upper + context,
+        uncertainty=uncertainty,
     )
 
 

@@ -13,8 +13,11 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
+import traceback
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -71,6 +74,9 @@ class Trace:
     op_costs: list[OpCost] = field(default_factory=list)
     """What each op of the traced steps costs (memfit.estimate.op_costs), in program order; not copied by step repeats."""
     cost_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (index into op_costs, phase, step)
+    uncertain: dict[str, str] = field(default_factory=dict)
+    """Where the trace relied on a rule rather than a measurement, or lacked a value: reason -> detail (the first
+    place it happened). Each widens the estimate's upper bound (memfit.estimate.bound)."""
 
     def events(self) -> list[tuple[int, int, int]]:
         """(op, key, requested bytes) triples for the allocator simulator."""
@@ -87,6 +93,18 @@ class Trace:
                 break
             phase, step = name, s
         return phase, step
+
+
+# frames in these folders are torch's or memfit's own; the first other frame is where the user's code is
+_LIBRARY_DIRS = (str(Path(torch.__file__).parent) + os.sep, str(Path(__file__).parents[1]) + os.sep)
+
+
+def user_frame() -> str:
+    """``file.py:LINE in function`` of the innermost frame in the user's code (not torch's, not memfit's)."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<"):
+            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    return "an unknown place"
 
 
 def _output_tensors(out: Any) -> list[torch.Tensor]:
@@ -160,6 +178,8 @@ class _Recorder(tp.TorchDispatchMode):
         """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
         self._finalizers: dict[int, Any] = {}
         self._born_in_node: dict[int, Any] = {}  # key -> the autograd node that ran when a backward op made it
+        self.held_keys: list[int] = []
+        """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
         self.costs = OpCounter()
@@ -256,6 +276,13 @@ class _Recorder(tp.TorchDispatchMode):
         self._own(out.untyped_storage(), key)
         self._born_in_node[key] = node
         return True
+
+    def disown(self, storage: Any) -> None:
+        """Stop tracking ``storage``: its free is accounted for elsewhere (a copied step's events)."""
+        key = self._live.pop(storage, None)
+        if key is not None:
+            self._finalizers.pop(key).detach()
+            self._born_in_node.pop(key, None)
 
     def mark(self, t: torch.Tensor | None, category: str) -> None:
         if t is None:
@@ -366,6 +393,13 @@ class _Recorder(tp.TorchDispatchMode):
 
     def _conv_workspace(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any, transposed: bool,
                         groups: int) -> int:
+        spatial = max(x.shape[2:], default=0)
+        if spatial > ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0) and "conv_workspace_extrapolated" not in self.trace.uncertain:
+            where = self.module_stack[-1] if self.module_stack else "a convolution"
+            self.trace.uncertain["conv_workspace_extrapolated"] = (
+                f"{where}: a {x.dim() - 2}-D convolution over {tuple(x.shape[2:])}, larger than the calibrated "
+                f"{ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)} per axis"
+            )
         return ws.conv_workspace_bytes(
             x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
             transposed=transposed, half=x.element_size() == 2,
@@ -387,6 +421,9 @@ class _Recorder(tp.TorchDispatchMode):
 
     def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
+        if self.phase != "optimizer" and "value_read" not in self.trace.uncertain:
+            module = self.module_stack[-1] if self.module_stack else self.phase
+            self.trace.uncertain["value_read"] = f"a tensor value read at {user_frame()} ({module}) was taken as 0"
         if not self._warned_item and self.phase != "optimizer":
             self._warned_item = True
             msg = (
@@ -614,6 +651,11 @@ def _build_model(factory: Any, recorder: _Recorder) -> Any:
 
 def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     recorder.module_names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.RNNBase):
+            recorder.trace.uncertain.setdefault(
+                "rnn_kernel", f"{name or type(m).__name__} ({type(m).__name__}): cuDNN's fused RNN, sized by rules "
+                "calibrated on a grid of shapes")
     for p in model.parameters():
         recorder.mark(p, "params")
         recorder.trace.param_count += p.numel()
@@ -650,7 +692,8 @@ def _grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tu
     return found if len({k for _, k in found}) == len(found) else None
 
 
-def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int) -> bool:
+def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int,
+                             held: list[Any]) -> bool:
     """Account for the forward and backward of ``step`` by copying the first step's instead of tracing them.
 
     The first step's forward and backward dispatch every op for the first time, and cost twice what later steps
@@ -660,9 +703,15 @@ def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimiz
     they free nothing made before them. Then the events, phase marks and op costs are copied, the grads are made
     again without a trace (the optimizer reads them), under the keys of the copied grads, and the step goes on to
     its optimizer. Otherwise (False) the step is traced as usual.
+
+    The plain loop (``keep_output``) also leaves the last output and loss behind, in ``held``; a traced step frees
+    them once its forward has made the next output. The copy frees them at that point too, and puts in ``held``
+    storages of the same sizes under the keys of the copied output and loss.
     """
     if step == 0 or recorder.grad_keys is None:
         return False
+    held_storages = {k: t.untyped_storage() for t in _output_tensors(held)
+                     if (k := recorder._live.get(t.untyped_storage())) is not None}
     trace = recorder.trace
     marks = trace.phase_marks
     start = next(at for at, name, s in marks if name == "forward" and s == 0)
@@ -681,12 +730,27 @@ def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimiz
     grads = dict(recorder.grad_keys)
     workspaces = {k for k in alive if trace.allocs[k].op == "cublas_workspace"}
     freed_by_zero_grad = {k for o, k in zip(trace.ops[zero_grad:], trace.keys[zero_grad:], strict=True) if o < 0}
-    if alive - workspaces != set(grads.values()) or freed_by_zero_grad != set(grads.values()):
+    if step == 1:
+        # what the plain loop holds of step 0's allocations (not of the batch, which was made before the step)
+        recorder.held_keys = [k for k in held_storages if k in born]
+    held_keys = recorder.held_keys
+    held_now = held_keys if step == 1 else list(held_storages)
+    if alive - workspaces != set(grads.values()) | set(held_keys) or freed_by_zero_grad != set(grads.values()):
         return False
+    if len(held_now) != len(held_keys) or any(
+        trace.allocs[a].nbytes != trace.allocs[b].nbytes for a, b in zip(held_now, held_keys)
+    ):
+        return False
+    # where a traced step frees the last step's output: once its first forward has made the next one
+    first_loss = next(at for at, name, s in marks if name == "loss" and s == 0)
     # the events, renamed; cuBLAS's workspaces exist already
     renamed: dict[int, int] = {}
     moved: list[int] = []  # the copy's index of each event of the first step
-    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+    for at, (o, k) in enumerate(zip(trace.ops[start:end], trace.keys[start:end], strict=True), start):
+        if at == first_loss:
+            for key in reversed(held_now):  # the protocol lets go of the last held first
+                trace.ops.append(-1)
+                trace.keys.append(key)
         moved.append(len(trace.ops))
         if k in workspaces:
             continue
@@ -716,6 +780,16 @@ def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimiz
                 storage = grad.untyped_storage()
                 recorder._own(storage, renamed[key])
                 params[i].grad = grad
+            # the last output and loss: their frees are in the copy already; what stands for the copied ones
+            # is freed where the next traced step (or the loop's end) lets go of it
+            for key in held_now:
+                recorder.disown(held_storages[key])
+            stand_ins = []
+            for key in held_keys:
+                stand_in = torch.empty(trace.allocs[key].nbytes, dtype=torch.uint8)
+                recorder._own(stand_in.untyped_storage(), renamed[key])
+                stand_ins.append(stand_in)
+            held[:] = stand_ins
     finally:
         recorder.silent = False
     return True

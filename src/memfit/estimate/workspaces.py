@@ -65,6 +65,10 @@ def lstm_backward_transient_bytes(seq: int, batch: int, hidden: int, layers: int
 
 MiB = 1 << 20
 
+# The largest spatial size per axis in the convolution calibration grid (calibrate_cudnn.py: 2-D 48-192,
+# 3-D 24-80): larger convolutions use the rule by extrapolation, which widens the estimate's upper bound.
+CALIBRATED_CONV_SIZE = {1: 192, 2: 192, 3: 80}
+
 
 def reduction_staging_bytes(numel: int, out_numel: int, sm_count: int) -> int:
     """``sum`` over leading dims (bias and norm-weight gradients): CUDA's two-pass reduction stages partial

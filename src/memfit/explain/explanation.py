@@ -186,7 +186,7 @@ def explain(
         scaling_text=_scaling_text(scaling, base, workload),
         fixes=found,
         budget_bytes=budget_bytes,
-        fits_budget=None if budget_bytes is None else base.device_bytes <= budget_bytes,
+        fits_budget=None if budget_bytes is None else base.fits(budget_bytes),
         combination=combination,
         not_helping=[f for f in tried if f.saving_bytes <= 0],
         oom=oom,
@@ -219,7 +219,7 @@ def _headline(est: Estimate, parts: list[Part], blocks: list[BlockMemory], budge
     top = parts[0] if parts else None
     need = f"This step needs {format_bytes(est.device_bytes)} of GPU memory"
     if budget_bytes is not None:
-        verdict = "fits" if est.device_bytes <= budget_bytes else "does not fit"
+        verdict = "fits" if est.fits(budget_bytes) else "does not fit"
         need += f" and {verdict} in {format_bytes(budget_bytes)}"
     if top is None:
         return need + "."

@@ -41,6 +41,8 @@ class Fix:
     peak_allocated_bytes: int
     fits_in_bytes: int
     device_bytes: int
+    device_upper_bytes: int
+    """The upper bound on the device memory it needs (``Estimate.device_upper_bytes``): "fits" is decided with it."""
     saving_bytes: int
     """Base ``fits_in_bytes`` minus this one's: positive saves memory."""
     time_factor: float | None
@@ -90,9 +92,10 @@ def _make_fix(ctx: FixContext, est: Estimate, **fields: Any) -> Fix:
         peak_allocated_bytes=est.peak_allocated_bytes,
         fits_in_bytes=est.fits_in_bytes,
         device_bytes=est.device_bytes,
+        device_upper_bytes=est.device_upper_bytes,
         saving_bytes=ctx.base.fits_in_bytes - est.fits_in_bytes,
         time_factor=_time_factor(ctx, est, fields.get("changes", {})),
-        fits_budget=None if budget is None else est.device_bytes <= budget,
+        fits_budget=None if budget is None else est.fits(budget),
         **fields,
     )
 
@@ -249,7 +252,7 @@ def _smaller_patch(ctx: FixContext) -> tuple[int, ...] | None:
 def combine_fixes(ctx: FixContext, fixes: list[Fix]) -> Fix | None:
     """The cheapest set of fixes that fits the budget: free ones first, then by cost, re-estimated together."""
     assert ctx.budget_bytes is not None
-    if ctx.base.device_bytes <= ctx.budget_bytes:
+    if ctx.base.fits(ctx.budget_bytes):
         return None
     singles = [f for f in fixes if f.fits_budget]
     if singles:

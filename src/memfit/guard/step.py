@@ -325,6 +325,10 @@ class TrainStep:
                         output = self.forward_fn(self._module, mb)
                         phase = "loss"
                         loss = self.loss_fn(output, mb)
+                    # Drop the output before backward: what backward needs is held by the graph, and the rest
+                    # (the logits of a language model) would sit on top of the backward peak. memfit.plan
+                    # predicts this loop (Workload.keep_output=False).
+                    del output
                     phase = "backward"
                     # weight = this micro-batch's share of the batch's samples (or tokens): sum = batch mean
                     scaled = loss * weight
@@ -337,8 +341,7 @@ class TrainStep:
                         # copy to the host completes while the GPU runs that backward (see memfit.guard.numerics).
                         self._watch.record(losses)
                     scaled.backward()
-                    # Drop the output before the next forward: logits can be as large as the activations.
-                    del output, loss, scaled, mb
+                    del loss, scaled, mb
         except Exception as exc:
             if not is_oom(exc):
                 self._announce_fatal()

@@ -92,7 +92,8 @@ class Candidate:
 
     config: Config
     device_bytes: int
-    """Predicted ``fits_in_bytes`` + CUDA context."""
+    """The predicted upper bound on the cap (``Estimate.fits_in_upper_bytes``) + CUDA context: what "fits" is
+    decided with."""
     fits_in_bytes: int
     step_time_s: float | None
     """Predicted time of one optimizer step (all micro-batches); None without a speed model."""
@@ -341,7 +342,9 @@ def plan(
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
     Args:
-        workload: the training step (its batch_size × accumulation_steps is the default effective batch).
+        workload: the training step (its batch_size × accumulation_steps is the default effective batch). The plan
+            runs through ``TrainStep``, which drops each micro-batch's output before its backward, so every
+            configuration is estimated that way (``keep_output=False``) whatever the workload says.
         budget_bytes: the GPU memory this process may use, CUDA context included (a 24 GB card: ``24e9``).
         effective_batch: samples per optimizer step; every plan keeps it exactly (micro-batch × accumulation).
         gpu: the GPU to plan for (memory workspaces, context size, roofline speeds); default H100.
@@ -367,6 +370,7 @@ def plan(
         raise UsageError(f"effective batch must be a positive integer, got {eff!r}.")
     check_budget(budget_bytes, margin)
     limit = int(budget_bytes * (1 - margin))
+    workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
     search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
     structures, models = _memory_models(search)
     micros = [d for d in range(1, eff + 1) if eff % d == 0]
@@ -376,10 +380,10 @@ def plan(
     chosen, notes = _verify_best(search, scored)
     frontier = _frontier([c for c in scored if c.step_time_s is not None] + ([chosen] if chosen else []))
     if chosen is None:
-        smallest = min(search.estimates.values(), key=lambda e: e.device_bytes)
+        smallest = min(search.estimates.values(), key=lambda e: e.device_upper_bytes)
         raise BudgetTooSmallError(
             f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
-            f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
+            f"the smallest configuration found needs {format_bytes(smallest.device_upper_bytes)} "
             f"(micro-batch {smallest.batch_size}). Try a larger GPU, "
             + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32" else "")
             + "sharding across GPUs, or a smaller model or input."
@@ -435,7 +439,7 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
             fb_mid, other_mid = _phase_peaks(mid)
             span = max(b_mid - b_lo, 1)
             models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
-                                        mid.fits_in_bytes / mid.peak_allocated_bytes, b_lo)
+                                        mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
             structures.append(base)
             for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
                 s = dataclasses.replace(base, checkpoint=blocks)
@@ -443,7 +447,7 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
                 fb, other = _phase_peaks(e)
                 # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
                 models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
-                                         e.fits_in_bytes / e.peak_allocated_bytes, b_lo)
+                                         e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
                 structures.append(s)
     return structures, models
 
@@ -452,13 +456,13 @@ def _score(search: Search, model: _MemoryModel, config: Config) -> Candidate:
     """The candidate with the memory line's prediction, or the estimate's where this exact config has one."""
     est = search.estimates.get(config)
     if est is not None:
-        return _candidate(search, config, est.fits_in_bytes, verified=True)
+        return _candidate(search, config, est.fits_in_upper_bytes, verified=True)
     return _candidate(search, config, model.fits_in(config.micro_batch), verified=False)
 
 
 def verified(search: Search, config: Config) -> Candidate:
     """The candidate from an estimate of exactly ``config`` (run now if it was not yet)."""
-    return _candidate(search, config, search.estimate(config).fits_in_bytes, verified=True)
+    return _candidate(search, config, search.estimate(config).fits_in_upper_bytes, verified=True)
 
 
 def _candidate(search: Search, config: Config, fits_in: int, *, verified: bool) -> Candidate:

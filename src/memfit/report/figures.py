@@ -235,7 +235,7 @@ def timeline_figure(estimate: Estimate | Explanation, *, budget_bytes: int | Non
             va="bottom" if need_above else "top", ha="left", fontsize=9, color=_NEED_COLOR, transform=margin)
     if budget_bytes:
         ax.axhline(budget_bytes, color=_BUDGET_COLOR, linewidth=2)
-        fits = est.device_bytes <= budget_bytes
+        fits = est.fits(budget_bytes)
         ax.text(1.005, budget_bytes, f"budget {format_bytes(budget_bytes)}\n{'fits' if fits else 'does not fit'}",
                 va="top" if need_above else "bottom", ha="left", fontsize=10, color=_BUDGET_COLOR,
                 fontweight="bold", transform=margin)
@@ -441,7 +441,7 @@ def _fix_rows(expl: Explanation) -> list[Fix]:
 
 
 def _cheapest_fitting(fixes: list[Fix], budget_bytes: int) -> Fix | None:
-    fitting = [f for f in fixes if f.device_bytes <= budget_bytes]
+    fitting = [f for f in fixes if f.device_upper_bytes <= budget_bytes]
     order = {"no": 0, "numerics": 1, "semantics": 2}
     return min(fitting, default=None, key=lambda f: (
         f.time_factor is None, f.time_factor or 0.0, order.get(f.changes_training, 3), f.device_bytes))
@@ -539,8 +539,8 @@ def _fixes_title(expl: Explanation, fixes: list[Fix]) -> str:
         return f"No fix was found: the step needs {format_bytes(est.device_bytes)}"
     budget = expl.budget_bytes
     if budget:
-        fitting = [f for f in fixes if f.device_bytes <= budget]
-        if est.device_bytes <= budget:
+        fitting = [f for f in fixes if f.device_upper_bytes <= budget]
+        if est.fits(budget):
             return f"It already fits the {format_bytes(budget)} budget; {len(fitting)} of {len(fixes)} fixes keep it"
         best = _cheapest_fitting(fixes, budget)
         if best is not None and best.time_factor is None:

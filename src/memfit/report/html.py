@@ -99,7 +99,7 @@ def _html(x: Explanation, images: dict[str, bytes]) -> str:
     title = f"{est.workload} · batch {est.batch_size} · {est.precision} · {est.gpu}"
     verdict = ""
     if x.budget_bytes is not None:
-        fits = x.fits_budget if x.fits_budget is not None else est.device_bytes <= x.budget_bytes
+        fits = x.fits_budget if x.fits_budget is not None else est.fits(x.budget_bytes)
         word = "fits" if fits else "does not fit"
         verdict = (f'<p class="verdict {"ok" if fits else "no"}">Needs {_e(format_bytes(est.device_bytes))}: '
                    f'{word} the {_e(format_bytes(x.budget_bytes))} budget</p>')
@@ -174,7 +174,7 @@ def _fix_row(f: Fix, budget: int | None, combined: bool) -> str:
         name += f'<div class="sub">{_e(f.caveat)}</div>'
     fits = ""
     if budget is not None:
-        ok = f.fits_budget if f.fits_budget is not None else f.device_bytes <= budget
+        ok = f.fits_budget if f.fits_budget is not None else f.device_upper_bytes <= budget
         fits = f'<td class="{"ok" if ok else "no"}">{"yes" if ok else "no"}</td>'
     return (f"<tr><td>{name}</td><td class=num>{_e(format_bytes(f.device_bytes))}</td>"
             f"<td class=num>{_e(format_bytes(f.fits_in_bytes))}</td>"

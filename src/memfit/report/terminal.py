@@ -53,6 +53,8 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
          measured.fits_in_bytes if measured else None),
         ("device", est.device_bytes, "fits in + CUDA context: what the GPU must have",
          measured.device_bytes if measured else None),
+        ("device, upper bound", est.device_upper_bytes, "what a \"fits\" verdict promises is enough"
+         + "".join(f"; wider: {u.reason}" for u in est.uncertainty), None),
     ]
     for label, value, note, meas in rows:
         extra = ""
@@ -95,14 +97,16 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
 
     for w in est.warnings:
         console.print(f"[yellow]warning:[/] {w}")
+    for unsure in est.uncertainty:
+        console.print(f"[yellow]upper bound +{unsure.widen:.0%}:[/] {unsure.reason}: {unsure.detail}")
     if budget_bytes is not None:
         margin = est.margin_bytes(budget_bytes)
         if margin >= 0:
             console.print(f"[green]Fits[/] a budget of {format_bytes(budget_bytes)} with "
                           f"{format_bytes(margin)} ({margin / budget_bytes:.1%}) to spare.")
         else:
-            console.print(f"[red]Does not fit[/] a budget of {format_bytes(budget_bytes)}: needs "
-                          f"{format_bytes(est.device_bytes)}, {format_bytes(-margin)} too much. "
+            console.print(f"[red]Does not fit[/] a budget of {format_bytes(budget_bytes)}: needs up to "
+                          f"{format_bytes(est.device_upper_bytes)}, {format_bytes(-margin)} too much. "
                           "`memfit explain` with the same --budget ranks the fixes that make it fit.")
     console.print(f"[dim]{est.param_count / 1e6:.1f} M parameters · {est.steps} steps simulated in "
                   f"{est.elapsed_s:.1f} s · {est.method}[/]")

@@ -4,6 +4,14 @@ Model and optimizer are created on the device from an empty allocator, the batch
 ``steps`` training steps run, each: ``zero_grad(set_to_none=True)``, forward and loss under autocast for the
 precision, backward (scaled for fp16), ``optimizer.step()`` (through the GradScaler for fp16). Estimating and
 measuring run this same code, so they cannot drift apart.
+
+Two loops differ in when the model's output goes (``Workload.keep_output``):
+
+* the plain loop users write, ``out = model(x); loss = crit(out, y); loss.backward(); opt.step()``: ``out`` and
+  ``loss`` stay alive through backward and the optimizer step, and are freed only when the next forward rebinds
+  ``out`` — so the last output is alive during the next forward too (``keep_output=True``, the default);
+* the loss-only step of Lightning's ``training_step`` and Hugging Face Trainer's ``compute_loss``, which return
+  the loss and drop the output before backward (``keep_output=False``).
 """
 
 from __future__ import annotations
@@ -94,31 +102,40 @@ def run_steps(
     steps: int = DEFAULT_STEPS,
     phase: PhaseCallback = _no_phase,
     micro_batches: int | None = None,
-    replay: Callable[[int], bool] | None = None,
+    replay: Callable[[int, list[Any]], bool] | None = None,
 ) -> None:
     """Run ``steps`` training steps; ``phase(name, step)`` is called as each phase begins.
 
     Each step runs ``accumulation_steps`` micro-batches (``micro_batches`` overrides it: the tracer runs two,
     because micro-batches from the second on repeat each other) on the same placed batch, as a loader that yields
-    micro-batches would. ``replay(step)``, called after ``zero_grad``, may account for the step's forward and
-    backward itself (the tracer copies an earlier step's) and return True: the step then goes on to the optimizer.
+    micro-batches would. ``replay(step, held)``, called after ``zero_grad``, may account for the step's forward
+    and backward itself (the tracer copies an earlier step's) and return True: the step then goes on to the
+    optimizer. ``held`` is the list that keeps the plain loop's last output and loss alive; a replay puts in it
+    what stands for the copied step's.
     """
     dtype = autocast_dtype(workload.precision)
     micro = workload.accumulation_steps if micro_batches is None else micro_batches
+    held: list[Any] = []  # the plain loop's `out` and `loss` of the last micro-batch (keep_output)
     for step in range(steps):
         phase("zero_grad", step)
         # set_to_none frees last step's grads before forward, keeping them out of the activation peak
         optimizer.zero_grad(set_to_none=True)
-        for _ in range(0 if replay is not None and replay(step) else micro):
+        for _ in range(0 if replay is not None and replay(step, held) else micro):
             phase("forward", step)
             ctx = torch.autocast(autocast_device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
             with ctx:
                 output = workload.run_forward(model, batch)
+                # `out = model(x)` rebinds `out` only now: the previous output was alive during this forward
+                while held:
+                    held.pop()  # last first, the order the tracer's copied steps free them in
                 phase("loss", step)
                 loss = workload.loss(output, batch)
                 if workload.accumulation_steps > 1:
                     loss = loss / workload.accumulation_steps  # the mean over the effective batch
-            del output  # what backward needs is held by the graph; the rest goes now, as in a plain loop
+            if workload.keep_output:
+                held[:] = [output, loss]
+            # the loss-only step: what backward needs is held by the graph, the rest of the output goes now
+            del output
             phase("backward", step)
             (scaler.scale(loss) if scaler is not None else loss).backward()
             del loss
@@ -129,3 +146,4 @@ def run_steps(
         else:
             optimizer.step()
     phase("end", steps)
+    held.clear()  # after the last step: nothing the trace counts

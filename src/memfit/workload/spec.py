@@ -67,6 +67,12 @@ class Workload:
     """``fp32``; ``bf16`` autocast; or ``fp16`` autocast with a GradScaler. Autocast halves most activations."""
     forward: Callable[[Any, Any], Any] | None = None
     """``forward(model, batch) -> output``; default ``model(batch[0])`` (``model(**batch)`` for a dict batch)."""
+    keep_output: bool = True
+    """The loop keeps the model's output alive through backward and the optimizer step, as the plain loop
+    ``out = model(x); loss = crit(out, y); loss.backward(); opt.step()`` does (``out`` is freed only when the next
+    forward rebinds it). ``False``: the output is dropped before backward, as in Lightning's ``training_step``,
+    Hugging Face Trainer's ``compute_loss`` and memfit's ``TrainStep``. Costs the output's size (the logits of a
+    language model: batch × sequence × vocabulary) on top of the backward peak."""
     channels_last: bool = False
     """Convert the model (and 4-D/5-D inputs) to channels_last memory format, as cuDNN prefers for AMP convs."""
     accumulation_steps: int = 1
@@ -108,6 +114,8 @@ class Workload:
                 "Workload.optimizer must be a factory taking the parameters, got an optimizer instance. "
                 "Write optimizer=lambda params: torch.optim.AdamW(params, lr=...)."
             )
+        if not isinstance(self.keep_output, bool):
+            raise WorkloadError(f"Workload.keep_output must be True or False, got {self.keep_output!r}.")
         if self.forward is not None and not callable(self.forward):
             raise WorkloadError("Workload.forward must be callable: forward(model, batch) -> output.")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:

@@ -1,0 +1,66 @@
+"""Measure the issue-13 gap cases on a GPU with the allocator's event stream, to compare with their traces.
+
+    python benchmarks/estimate/diagnose_gap.py --out $OUT -j 4       # on the GPU machine
+
+For each case (``gap_cases.py``) and loop (plain, loss-only): the uncapped run with its compact allocator trace
+(``memfit.estimate.measure``'s ``--trace``: action, address, size and the top Python frame of every event) and
+the bisected smallest cap. Cases run side by side, each in its own processes (each caps only its own allocator).
+Writes ``gap_<gpu>.json`` and ``gap_traces_<gpu>.tar.gz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import datetime as dt
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CASES = [
+    ("smp_unet_r34_ce2", False), ("swin_unetr_ce14", False), ("bigru_1000", False),
+    ("lstm_lm_plain_loop", True), ("lstm_lm_plain_loop", False),
+]
+
+
+def _one(name: str, keep: bool, folder: Path) -> dict:
+    from memfit.estimate.measure import measure
+
+    trace = folder / f"{name}_{'plain' if keep else 'lossonly'}.json.gz"
+    try:
+        m = measure(f"{HERE / 'gap_cases.py'}:{name}", trace=str(trace), changes={"keep_output": keep})
+    except Exception as exc:  # a case that cannot run here is reported, not fatal
+        return {"name": name, "keep_output": keep, "error": f"{type(exc).__name__}: {exc}"}
+    d = dataclasses.asdict(m)
+    d.pop("trials", None)
+    return {"name": name, "keep_output": keep, **d, "trials": len(m.trials)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("-j", type=int, default=4)
+    args = parser.parse_args()
+    import torch
+
+    gpu = torch.cuda.get_device_properties(0).name
+    slug = gpu.lower().replace("nvidia", "").strip().split()[0]
+    folder = Path(tempfile.mkdtemp())
+    with cf.ThreadPoolExecutor(args.j) as pool:
+        rows = list(pool.map(lambda c: _one(c[0], c[1], folder), CASES))
+    out = Path(args.out)
+    result = {"gpu": gpu, "torch": torch.__version__, "date": dt.date.today().isoformat(), "rows": rows}
+    (out / f"gap_{slug}.json").write_text(json.dumps(result, indent=1))
+    with tarfile.open(out / f"gap_traces_{slug}.tar.gz", "w:gz") as tar:
+        for f in sorted(folder.iterdir()):
+            tar.add(f, arcname=f.name)
+    for r in rows:
+        print(r["name"], r["keep_output"], r.get("peak_allocated_bytes"), r.get("fits_in_bytes"), r.get("error", ""))
+
+
+if __name__ == "__main__":
+    main()
