@@ -105,7 +105,7 @@ def run_one(entry: ZooEntry, gpu: str, timeout_s: float) -> dict[str, Any]:
             "breakdown", "peak_phase", "peak_step", "peak_op", "peak_module", "batch_size", "precision",
             "param_count", "warnings", "elapsed_s")
     # an upper bound, where the estimator gives one (issue 13), is kept whatever its name
-    extra = [k for k in est if "upper" in k or "bound" in k]
+    extra = [k for k in est if "upper" in k or "bound" in k or k == "uncertainty"]
     return {**record, "traced": True, "failure_class": None, "error": "",
             "warning_classes": _warning_classes(est.get("warnings", [])),
             "estimate": {k: est.get(k) for k in (*keys, *extra)}}
