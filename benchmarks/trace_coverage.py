@@ -39,7 +39,7 @@ FAILURE_CLASSES = (
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("compile", re.compile(r"dynamo|inductor|torch\.compile|OptimizedModule|compil", re.I)),
     ("sparse", re.compile(r"sparse|Sparse(CPU|CUDA|Meta)", re.I)),
-    ("frozen params", re.compile(r"does not require grad|requires_grad|frozen|no grad_fn", re.I)),
+    ("frozen params", re.compile(r"does(n't| not) require grad|requires_grad|frozen|no grad_fn", re.I)),
     ("data-dependent shapes", re.compile(
         r"output size depends on tensor values|data[- ]dependent|DynamicOutputShape|nonzero|masked_select|"
         r"unique", re.I)),
