@@ -110,3 +110,59 @@ def test_physical_oom_is_told_apart_from_the_cap() -> None:
     assert not measure_corpus.physical_oom(cap_oom)
     assert measure_corpus.physical_oom(physical)
     assert not measure_corpus.physical_oom("RuntimeError: something else")
+
+
+def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """measure_corpus.main on a simulated 80 GiB GPU: every entry finishes with a cap within tolerance, physical
+    OOMs are repeated, the running caps never exceed the GPU, and a second run finds everything done."""
+    import threading
+
+    import importlib
+
+    measure = importlib.import_module("memfit.estimate.measure")
+
+    ids = [e["id"] for e in json.loads((CORPUS / "corpus.json").read_text())["entries"]][:8]
+    need = {i: (2 + k) * GIB for k, i in enumerate(ids)}
+    lock = threading.Lock()
+    running = {"bytes": 0, "max": 0, "calls": 0}
+    physical_done: set[str] = set()
+
+    def fake_trial(spec: str, *, cap_bytes: int, timeout_s: float, **_: object) -> measure.Trial:
+        entry = spec.rsplit(":", 1)[1]
+        with lock:
+            running["bytes"] += cap_bytes + measure_corpus.CONTEXT_BYTES
+            running["max"] = max(running["max"], running["bytes"])
+            running["calls"] += 1
+        try:
+            if entry == ids[0] and entry not in physical_done:
+                physical_done.add(entry)
+                return measure.Trial(False, cap_bytes, 0, 0, 0, 0, 0.1, error=(
+                    "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+                    "which 10.00 MiB is free."))
+            ok = cap_bytes >= need[entry]
+            alloc = int(need[entry] * 0.95)
+            return measure.Trial(ok, cap_bytes, alloc if ok else 0, int(need[entry] * 1.1) if ok else 0, 0, 0, 0.1,
+                                 error="" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB.")
+        finally:
+            with lock:
+                running["bytes"] -= cap_bytes + measure_corpus.CONTEXT_BYTES
+
+    monkeypatch.setattr(measure, "run_trial", fake_trial)
+    monkeypatch.setattr(measure_corpus, "_device", lambda: {
+        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
+    monkeypatch.setattr(measure_corpus, "_check_libraries", lambda ids: {})
+    argv = ["measure_corpus.py", "--out", str(tmp_path), "--ids", ",".join(ids), "--concurrency", "4",
+            "--budget-s", "60"]
+    monkeypatch.setattr(sys, "argv", argv)
+    measure_corpus.main()
+    for i in ids:
+        record = json.loads((tmp_path / f"{i}.json").read_text())
+        assert not record["error"]
+        assert need[i] <= record["fits_in_bytes"] <= need[i] + max(int(0.005 * need[i]), 2 << 20)
+        assert not (tmp_path / f"{i}.partial.json").exists()
+    assert any(t.get("physical_oom") for t in json.loads((tmp_path / f"{ids[0]}.json").read_text())["trials"])
+    assert running["max"] <= 80 * GIB - 4 * GIB
+    calls = running["calls"]
+    measure_corpus.main()  # resumed: nothing left to run
+    assert running["calls"] == calls

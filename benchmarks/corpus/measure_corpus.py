@@ -52,7 +52,10 @@ _UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def physical_oom(error: str) -> bool:
-    """True when the GPU itself had less free memory than the allocation asked for (not the process's cap)."""
+    """True when the GPU itself had less free memory than the allocation asked for (not the process's cap), or
+    memory outside the caching allocator (CUDA context, cuBLAS/cuDNN handles) could not be had."""
+    if "CUDA error: out of memory" in error or "ALLOC_FAILED" in error:
+        return True
     m = _OOM.search(error)
     if not m:
         return False
@@ -318,11 +321,11 @@ def main() -> None:
                              "error": f"trial timed out after {args.trial_timeout_s:.0f} s"}
                 trial.update(wall_s=round(wall, 2), overlapping_trials=overlap.pop(state.id, 0))
                 typical_s = max(typical_s * 0.8 + wall * 0.2, 10.0)
-                if not trial["ok"] and physical_oom(trial["error"]):
+                repeats = sum(bool(t.get("physical_oom")) for t in state.trials)
+                if not trial["ok"] and physical_oom(trial["error"]) and repeats < 5:
                     print(f"{state.id}: physical OOM at cap {cap / GIB:.2f} GiB (other trials): repeating",
                           flush=True)
                     state.trials.append({**trial, "physical_oom": True})
-                    state.first_cap = state.first_cap if state.first is None else state.first_cap
                 else:
                     state.record(trial, pool_bytes)
                 write(state)
