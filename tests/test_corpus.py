@@ -116,9 +116,8 @@ def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: p
                                                                   tmp_path: Path) -> None:
     """measure_corpus.main on a simulated 80 GiB GPU: every entry finishes with a cap within tolerance, physical
     OOMs are repeated, the running caps never exceed the GPU, and a second run finds everything done."""
-    import threading
-
     import importlib
+    import threading
 
     measure = importlib.import_module("memfit.estimate.measure")
 
