@@ -43,8 +43,9 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("data-dependent shapes", re.compile(
         r"output size depends on tensor values|data[- ]dependent|DynamicOutputShape|nonzero|masked_select|"
         r"unique", re.I)),
+    # MONAI's DiceLoss reduces over torch.arange(2, ndim).tolist(): read as zeros, the dims repeat
     ("values-read-as-0", re.compile(
-        r"read(s)? (as )?0|\.item\(\)|tolist|greater than 0|division by zero|must be positive|"
+        r"duplicate value in the list of dims|read(s)? (as )?0|\.item\(\)|tolist|greater than 0|division by zero|must be positive|"
         r"Length of all samples|lengths", re.I)),
     ("meta-stricter-than-CUDA", re.compile(r"\bmeta\b|Meta|FakeTensor|fake tensor", re.I)),
 )
@@ -196,10 +197,25 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--out", default=str(HERE / "results" / "estimate"))
     parser.add_argument("--tag", default="", help="suffix for the result files (e.g. 'subset')")
+    parser.add_argument("--reclassify", help="an earlier result JSON: classify its failures again with the current "
+                                             "rules and rewrite it (and its .md), running nothing")
     parser.add_argument("--update", help="an earlier result JSON: re-run the chosen entries, keep its other rows, "
                                          "and rewrite it (and its .md) in place")
     args = parser.parse_args()
 
+    if args.reclassify:
+        data = json.loads(Path(args.reclassify).read_text())
+        args.jobs, args.timeout = data["summary"]["jobs"], data["summary"]["timeout_s"]
+        for r in data["rows"]:
+            if not r["traced"] and r["failure_class"] not in ("timeout", "missing library"):
+                r["failure_class"] = classify(r["error"])
+        data["summary"].update({k: v for k, v in summarise(data["rows"], args).items()
+                                if k in ("by_library", "by_class", "total", "traced")})
+        stem = args.reclassify.removesuffix(".json")
+        Path(f"{stem}.json").write_text(json.dumps(data, indent=1))
+        Path(f"{stem}.md").write_text(markdown(data["summary"], data["rows"]))
+        print(f"reclassified: {data['summary']['by_class'].keys()}")
+        return
     chosen = entries(args.names.split(",") if args.names else None, args.family)
     print(f"{len(chosen)} entries, {args.jobs} at a time", flush=True)
 
@@ -213,7 +229,10 @@ def main() -> None:
         rows = list(pool.map(one, chosen))
     if args.update:
         fresh = {r["name"]: r for r in rows}
-        earlier = json.loads(Path(args.update).read_text())["rows"]
+        earlier_data = json.loads(Path(args.update).read_text())
+        earlier = earlier_data["rows"]
+        # the run's settings stay the full run's; the re-run rows carry their own wall times
+        args.jobs, args.timeout = earlier_data["summary"]["jobs"], earlier_data["summary"]["timeout_s"]
         known = {r["name"] for r in earlier}
         rows = [fresh.get(r["name"], r) for r in earlier] + [r for r in rows if r["name"] not in known]
     summary = summarise(rows, args)

@@ -62,5 +62,5 @@ def _entry(name: str, residual: bool, dims: int, features: list[int], classes: i
 
 nnunet_plain_3d = _entry("nnunet_plain_3d", False, 3, [32, 64, 128, 256, 320, 320], 4, (128, 128, 128), 2, 4)
 nnunet_plain_2d = _entry("nnunet_plain_2d", False, 2, [32, 64, 128, 256, 512, 512, 512], 3, (512, 512), 12)
-nnunet_resenc_3d = _entry("nnunet_resenc_3d", True, 3, [32, 64, 128, 256, 320, 320], 14, (112, 160, 128), 2)
+nnunet_resenc_3d = _entry("nnunet_resenc_3d", True, 3, [32, 64, 128, 256, 320, 320], 14, (96, 160, 160), 2)
 nnunet_resenc_2d = _entry("nnunet_resenc_2d", True, 2, [32, 64, 128, 256, 512, 512, 512], 5, (448, 576), 8)

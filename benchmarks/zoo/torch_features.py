@@ -470,3 +470,81 @@ unet3d_groupnorm_interp = Workload(
     loss=ce, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4), batch_size=2, precision="bf16",
     tags=("torch", "cnn", "segmentation", "3d"),
 )
+
+
+# --- one plain-torch step per failure class that library entries hit (tests/test_zoo_subset.py uses them) ----------
+
+
+class FrozenEmbeddingClassifier(nn.Module):
+    """A frozen embedding table (``requires_grad=False``, as pretrained vectors are) under a trainable head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50_000, 300)
+        self.embed.weight.requires_grad_(False)
+        self.head = nn.Sequential(nn.Linear(300, 1024), nn.ReLU(), nn.Linear(1024, 20))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids).mean(1))
+
+
+frozen_embedding_head = Workload(
+    name="frozen_embedding_head", description="frozen 50k x 300 embedding, trainable 2-layer head",
+    model=FrozenEmbeddingClassifier, batch=lambda n: (torch.randint(0, 50_000, (n, 256)), torch.randint(0, 20, (n,))),
+    loss=ce, optimizer=_adam, batch_size=256, precision="fp32", tags=("torch", "frozen", "embedding"),
+)
+
+
+def _dice_over_tensor_dims(out: torch.Tensor, batch: Any) -> torch.Tensor:
+    # MONAI's DiceLoss takes its reduction dims from a tensor: torch.arange(2, ndim).tolist()
+    dims = torch.arange(2, out.ndim).tolist()
+    probs = out.float().softmax(1)
+    onehot = F.one_hot(batch[1], out.shape[1]).movedim(-1, 1).to(probs.dtype)
+    inter, denom = (probs * onehot).sum(dims), (probs + onehot).sum(dims)
+    return 1 - (2 * inter / denom.clamp_min(1e-5)).mean()
+
+
+dice_dims_from_tensor = Workload(
+    name="dice_dims_from_tensor", description="3-D U-Net, Dice whose dims come from arange(...).tolist()",
+    model=_unet3d_gn, batch=lambda n: (torch.randn(n, 1, 64, 64, 64), torch.randint(0, 5, (n, 64, 64, 64))),
+    loss=_dice_over_tensor_dims, optimizer=_adam, batch_size=2, precision="fp32",
+    tags=("torch", "cnn", "segmentation", "3d", "item"),
+)
+
+
+class GroupedExperts(nn.Module):
+    """MoE experts through ``torch._grouped_mm`` as transformers 5 runs them, fp32 weights under bf16 autocast."""
+
+    def __init__(self, experts: int = 8, dim: int = 512) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32000, dim)
+        self.w = nn.Parameter(torch.randn(experts, dim, dim) * 0.02)
+        self.head = nn.Linear(dim, 32000)
+        self.experts = experts
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids).flatten(0, 1)  # tokens sorted by expert, equal groups
+        per = x.shape[0] // self.experts
+        offs = torch.arange(1, self.experts + 1, dtype=torch.int32) * per
+        y = torch._grouped_mm(x.to(self.w.dtype), self.w, offs=offs)
+        return self.head(y)
+
+
+grouped_mm_experts = Workload(
+    name="grouped_mm_experts", description="8 experts through torch._grouped_mm, fp32 weights, bf16 autocast",
+    model=GroupedExperts, batch=lambda n: (torch.randint(0, 32000, (n, 256)), torch.randint(0, 32000, (n * 256,))),
+    loss=ce, optimizer=_adam, batch_size=8, precision="bf16", tags=("torch", "moe"),
+)
+
+
+def _moved_after_build() -> nn.Module:
+    # peft builds its adapters, then moves them to the base layer's device with .to(): the same call here
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return model.to(next(model.parameters()).device)
+
+
+module_to_after_build = Workload(
+    name="module_to_after_build", description="MLP moved with .to(its own device) in its factory, as peft does",
+    model=_moved_after_build, batch=lambda n: (torch.randn(n, 1024), torch.randint(0, 10, (n,))), loss=ce,
+    optimizer=_adam, batch_size=256, precision="fp32", tags=("torch", "mlp"),
+)
