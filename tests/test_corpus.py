@@ -1,0 +1,167 @@
+"""The validation corpus (benchmarks/corpus/): drawn reproducibly, split in halves, loadable as workloads, and its
+GPU driver's bisection finds the smallest cap on a simulated GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus"
+sys.path.insert(0, str(CORPUS))
+
+import generate  # noqa: E402
+import measure_corpus  # noqa: E402
+
+GIB = 2**30
+
+
+def test_committed_corpus_is_what_the_seeded_generator_draws() -> None:
+    committed = json.loads((CORPUS / "corpus.json").read_text())
+    assert generate.draw() == committed
+
+
+def test_halves_are_large_and_hold_every_family() -> None:
+    entries = generate.draw()["entries"]
+    fit = [e for e in entries if e["split"] == "fit"]
+    val = [e for e in entries if e["split"] == "validation"]
+    assert len(fit) >= 50 and len(val) >= 50
+    assert {e["family"] for e in fit} == {e["family"] for e in val} == set(generate.QUOTAS)
+    assert len({e["id"] for e in entries}) == len(entries)
+
+
+def test_size_rule_keeps_every_entry_under_its_limit() -> None:
+    for e in generate.draw()["entries"]:
+        assert generate.rough_peak_bytes(e) <= generate.LIMIT_BYTES, e["id"]
+
+
+def test_every_entry_loads_through_memfits_file_loader() -> None:
+    from memfit.workload.loading import load_workload
+
+    entries = json.loads((CORPUS / "corpus.json").read_text())["entries"]
+    for e in entries:
+        w = load_workload(f"{CORPUS / 'corpus.py'}:{e['id']}")
+        assert (w.name, w.batch_size, w.precision) == (e["id"], e["batch_size"], e["precision"])
+        assert w.optimizer_impl == e["optimizer"]["impl"]
+        if hasattr(w, "keep_output"):
+            assert w.keep_output == e["keep_output"]
+
+
+def test_unknown_entry_is_an_attribute_error() -> None:
+    import corpus
+
+    with pytest.raises(AttributeError):
+        corpus.c999_nothing  # noqa: B018
+
+
+def _simulate(need: int, alloc: int, reserved: int, hint: int | None, tolerance: float = 0.005) -> tuple[int, int]:
+    """Run EntryState against a GPU on which a trial runs iff its cap >= need. Returns (found cap, trials)."""
+    pool = 80 * GIB
+    state = measure_corpus.EntryState(id="x", hint_bytes=hint, guess_bytes=alloc, tolerance=tolerance)
+    while True:
+        cap = state.next_cap(pool, bisect=True)
+        if cap is None:
+            break
+        ok = cap >= need
+        state.record({"ok": ok, "cap_bytes": cap, "peak_allocated_bytes": alloc if ok else 0,
+                      "peak_reserved_bytes": reserved if ok else 0, "outside_allocator_bytes": 0,
+                      "num_alloc_retries": 0, "elapsed_s": 1.0,
+                      "error": "" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB."}, pool)
+        assert len(state.trials) < 40
+    assert not state.error
+    return state.hi, len(state.trials)
+
+
+@pytest.mark.parametrize("hint_error", [None, -0.05, -0.01, 0.0, 0.01, 0.08])
+def test_bisection_finds_the_smallest_cap_within_tolerance(hint_error: float | None) -> None:
+    alloc, need, reserved = 10 * GIB, int(10.6 * GIB), 12 * GIB
+    hint = None if hint_error is None else int(need * (1 + hint_error))
+    found, trials = _simulate(need, alloc, reserved, hint)
+    assert need <= found <= need + max(int(0.005 * alloc), 2 << 20)
+    if hint_error is not None and abs(hint_error) <= 0.01:
+        assert trials <= 6  # a close prediction saves trials
+
+
+def test_first_run_whose_cap_bound_is_repeated_with_twice_the_cap() -> None:
+    state = measure_corpus.EntryState(id="x", hint_bytes=None, guess_bytes=GIB)
+    first = state.next_cap(80 * GIB, bisect=True)
+    assert first == 4 * GIB
+    state.record({"ok": True, "cap_bytes": first, "peak_allocated_bytes": 3 * GIB, "peak_reserved_bytes": first,
+                  "outside_allocator_bytes": 0, "num_alloc_retries": 2, "elapsed_s": 1.0, "error": ""}, 80 * GIB)
+    assert state.first is None and state.next_cap(80 * GIB, bisect=True) == 8 * GIB
+
+
+def test_a_crash_that_is_not_an_oom_ends_the_entry_with_its_error() -> None:
+    state = measure_corpus.EntryState(id="x", hint_bytes=None, guess_bytes=GIB)
+    cap = state.next_cap(80 * GIB, bisect=True)
+    state.record({"ok": False, "cap_bytes": cap, "peak_allocated_bytes": 0, "peak_reserved_bytes": 0,
+                  "outside_allocator_bytes": 0, "num_alloc_retries": 0, "elapsed_s": 1.0,
+                  "error": "RuntimeError: shapes cannot be multiplied"}, 80 * GIB)
+    assert state.done and "shapes" in state.error
+
+
+def test_physical_oom_is_told_apart_from_the_cap() -> None:
+    cap_oom = ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which "
+               "61.02 GiB is free. Including non-PyTorch memory, this process has 18.1 GiB memory in use.")
+    physical = ("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+                "300.00 MiB is free.")
+    assert not measure_corpus.physical_oom(cap_oom)
+    assert measure_corpus.physical_oom(physical)
+    assert not measure_corpus.physical_oom("RuntimeError: something else")
+
+
+def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """measure_corpus.main on a simulated 80 GiB GPU: every entry finishes with a cap within tolerance, physical
+    OOMs are repeated, the running caps never exceed the GPU, and a second run finds everything done."""
+    import importlib
+    import threading
+
+    measure = importlib.import_module("memfit.estimate.measure")
+
+    ids = [e["id"] for e in json.loads((CORPUS / "corpus.json").read_text())["entries"]][:8]
+    need = {i: (2 + k) * GIB for k, i in enumerate(ids)}
+    lock = threading.Lock()
+    running = {"bytes": 0, "max": 0, "calls": 0}
+    physical_done: set[str] = set()
+
+    def fake_trial(spec: str, *, cap_bytes: int, timeout_s: float, **_: object) -> measure.Trial:
+        entry = spec.rsplit(":", 1)[1]
+        with lock:
+            running["bytes"] += cap_bytes + measure_corpus.CONTEXT_BYTES
+            running["max"] = max(running["max"], running["bytes"])
+            running["calls"] += 1
+        try:
+            if entry == ids[0] and entry not in physical_done:
+                physical_done.add(entry)
+                return measure.Trial(False, cap_bytes, 0, 0, 0, 0, 0.1, error=(
+                    "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+                    "which 10.00 MiB is free."))
+            ok = cap_bytes >= need[entry]
+            alloc = int(need[entry] * 0.95)
+            return measure.Trial(ok, cap_bytes, alloc if ok else 0, int(need[entry] * 1.1) if ok else 0, 0, 0, 0.1,
+                                 error="" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB.")
+        finally:
+            with lock:
+                running["bytes"] -= cap_bytes + measure_corpus.CONTEXT_BYTES
+
+    monkeypatch.setattr(measure, "run_trial", fake_trial)
+    monkeypatch.setattr(measure_corpus, "_device", lambda: {
+        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
+    monkeypatch.setattr(measure_corpus, "_check_libraries", lambda ids: {})
+    argv = ["measure_corpus.py", "--out", str(tmp_path), "--ids", ",".join(ids), "--concurrency", "4",
+            "--budget-s", "60"]
+    monkeypatch.setattr(sys, "argv", argv)
+    measure_corpus.main()
+    for i in ids:
+        record = json.loads((tmp_path / f"{i}.json").read_text())
+        assert not record["error"]
+        assert need[i] <= record["fits_in_bytes"] <= need[i] + max(int(0.005 * need[i]), 2 << 20)
+        assert not (tmp_path / f"{i}.partial.json").exists()
+    assert any(t.get("physical_oom") for t in json.loads((tmp_path / f"{ids[0]}.json").read_text())["trials"])
+    assert running["max"] <= 80 * GIB - 4 * GIB
+    calls = running["calls"]
+    measure_corpus.main()  # resumed: nothing left to run
+    assert running["calls"] == calls

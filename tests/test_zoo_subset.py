@@ -1,0 +1,103 @@
+"""A CPU-sized subset of the zoo (benchmarks/zoo/): plain-torch steps that must trace and give sane numbers, and
+one step per known failure class, marked ``xfail(strict=True)`` with the class's name so that a fix flips it.
+
+The whole zoo (122+ steps over timm, transformers, torchvision, MONAI, smp, nnU-Net, peft) is run by
+``benchmarks/trace_coverage.py``; this file keeps the torch-only part in the test suite (about 30 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from memfit import estimate
+from memfit.workload.loading import load_workload
+
+ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo"
+sys.path.insert(0, str(ZOO))
+sys.path.insert(0, str(ZOO.parent))
+
+import registry  # noqa: E402
+from trace_coverage import classify  # noqa: E402
+
+GIB = 2**30
+
+
+def _estimate(name: str):  # noqa: ANN202
+    return estimate(load_workload(f"{ZOO / 'torch_features.py'}:{name}"), gpu="h100")
+
+
+def test_registry_lists_the_zoo_without_importing_model_libraries() -> None:
+    entries = registry.entries()
+    assert len(entries) >= 80
+    assert len({e.name for e in entries}) == len(entries)
+    libraries = {e.library for e in entries}
+    assert {"timm", "transformers", "torchvision", "monai", "segmentation_models_pytorch",
+            "dynamic_network_architectures", "peft", "torch"} <= libraries
+    issue13 = {e.name for e in registry.entries(family="issue13")}
+    assert issue13 == {"smp_unet_r34_issue13", "monai_swin_unetr_issue13", "lstm_lm_issue13",
+                       "gru_bidir_1000_issue13"}
+
+
+# optimizer state per parameter byte: Adam keeps two moments, SGD with momentum one buffer
+TRACES = [
+    ("lstm_lm_issue13", 2),
+    ("tcn_dilated_fp16", 2),
+    ("mlp_fused_adamw", 2),
+    ("checkpoint_reentrant", 2),
+    ("mlp_forloop_sgd_accum4", 1),
+]
+
+
+@pytest.mark.parametrize(("name", "states"), TRACES)
+def test_zoo_step_traces_with_sane_numbers(name: str, states: int) -> None:
+    est = _estimate(name)
+    # params + grads + optimizer state are alive together during the optimizer step (fp32 master weights)
+    floor = est.param_count * 4 * (2 + states)
+    assert floor <= est.peak_allocated_bytes < 80 * GIB
+    assert est.peak_allocated_bytes <= est.peak_reserved_bytes
+    assert est.peak_allocated_bytes <= est.fits_in_bytes <= est.peak_reserved_bytes * 1.1
+
+
+def test_lstm_lm_holds_its_flattened_logits() -> None:
+    est = _estimate("lstm_lm_issue13")
+    logits = 64 * 256 * 10000 * 4  # (64*256, 10000) fp32 logits, alive from the head to the loss's backward
+    states = est.param_count * 4 * 4
+    assert est.peak_allocated_bytes >= states + logits
+
+
+def test_value_dependent_branch_traces_but_warns_about_the_value() -> None:
+    est = _estimate("value_dependent_branch")
+    assert any(".item()" in w or "value" in w for w in est.warnings)
+
+
+# one plain-torch reproducer per failure class (benchmarks/results/estimate/trace_coverage_*.md lists the library
+# entries of each class); strict: when memfit learns to trace one, the test fails until the mark is removed
+FAILURES = [
+    ("frozen_embedding_head", "frozen params", "a hook registered on a parameter with requires_grad=False"),
+    ("dice_dims_from_tensor", "values-read-as-0", "torch.arange(2, ndim).tolist() reads zeros, dims repeat"),
+    ("grouped_mm_experts", "meta-stricter-than-CUDA", "_grouped_mm's meta kernel refuses fp32; CPU runs it"),
+    ("module_to_after_build", "other", "Module.to() in the factory cannot swap fake parameters (peft's LoRA)"),
+    ("sparse_skipgram_sparseadam", "sparse", "nbytes of a sparse gradient"),
+    ("boolean_mask_loss", "data-dependent shapes", "boolean-mask indexing in the loss"),
+    ("packed_lstm_lengths_list", "data-dependent shapes", "pack_padded_sequence"),
+]
+
+
+class KnownFailure(Exception):
+    """The estimate failed with the error of its class (anything else is a real failure)."""
+
+
+@pytest.mark.parametrize(("name", "failure_class"), [
+    pytest.param(n, c, marks=pytest.mark.xfail(strict=True, raises=KnownFailure, reason=f"{c}: {why}"))
+    for n, c, why in FAILURES])
+def test_zoo_step_of_a_known_failure_class(name: str, failure_class: str) -> None:
+    try:
+        est = _estimate(name)
+    except Exception as exc:
+        # the error must still be of its class: a new failure on the way is a real failure, not an xfail
+        assert classify(str(exc)) == failure_class, f"{name} now fails differently: {exc}"
+        raise KnownFailure(str(exc)) from exc
+    assert est.peak_allocated_bytes > 0
