@@ -153,6 +153,8 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for cls, names in s["by_class"].items():
         first = next(r for r in rows if r["name"] == names[0])
         lines.append(f"| {cls} | {len(names)} | `{first['spec']}`: {first['error'][:200]} |")
+    if s.get("note"):
+        lines += ["", s["note"]]
     lines += [
         "", "## Every entry", "",
         "| entry | library | traced | class | peak alloc GiB | fits in GiB | phase / op | wall s | error or warnings |",
@@ -197,6 +199,7 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--out", default=str(HERE / "results" / "estimate"))
     parser.add_argument("--tag", default="", help="suffix for the result files (e.g. 'subset')")
+    parser.add_argument("--note", help="a paragraph for the report, under the failure classes")
     parser.add_argument("--reclassify", help="an earlier result JSON: classify its failures again with the current "
                                              "rules and rewrite it (and its .md), running nothing")
     parser.add_argument("--update", help="an earlier result JSON: re-run the chosen entries, keep its other rows, "
@@ -211,6 +214,8 @@ def main() -> None:
                 r["failure_class"] = classify(r["error"])
         data["summary"].update({k: v for k, v in summarise(data["rows"], args).items()
                                 if k in ("by_library", "by_class", "total", "traced")})
+        if args.note:
+            data["summary"]["note"] = args.note
         stem = args.reclassify.removesuffix(".json")
         Path(f"{stem}.json").write_text(json.dumps(data, indent=1))
         Path(f"{stem}.md").write_text(markdown(data["summary"], data["rows"]))
@@ -236,6 +241,8 @@ def main() -> None:
         known = {r["name"] for r in earlier}
         rows = [fresh.get(r["name"], r) for r in earlier] + [r for r in rows if r["name"] not in known]
     summary = summarise(rows, args)
+    if args.note:
+        summary["note"] = args.note
     import torch
 
     out = Path(args.out)
