@@ -185,7 +185,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "corpus_measurements"))
     parser.add_argument("--done", action="append", default=[], help="folders of earlier results to resume from")
-    parser.add_argument("--predictions", help="predict_corpus.py's folder: start each bisection at fits_in")
+    default_predictions = HERE.parent / "results" / "estimate" / "corpus_predictions"
+    parser.add_argument("--predictions", default=str(default_predictions) if default_predictions.is_dir() else None,
+                        help="predict_corpus.py's folder: start each bisection at the predicted fits_in")
     parser.add_argument("--split", choices=("fit", "validation"))
     parser.add_argument("--ids", help="comma-separated entry ids")
     parser.add_argument("--concurrency", type=int, default=5, help="trial processes at a time")
@@ -230,7 +232,12 @@ def main() -> None:
                 hint = (json.loads(pred.read_text()).get("estimate") or {}).get("fits_in_bytes")
         state = EntryState(id=e["id"], hint_bytes=hint, guess_bytes=int(e["rough_peak_gib"] * GIB),
                            tolerance=args.tolerance)
-        if partial is not None:
+        if finished is not None:  # a peaks-only record (--no-bisect): its trials seed the bisection
+            for trial in finished.get("trials", []):
+                if not trial.get("physical_oom"):
+                    state.record(trial, device["total_bytes"] - int(args.reserve_gib * GIB))
+            state.done = False
+        elif partial is not None:
             state = EntryState(**{**asdict(state), **{k: v for k, v in partial.items() if k != "id"}})
             state.hint_bytes = hint if hint is not None else state.hint_bytes
         states[e["id"]] = state
