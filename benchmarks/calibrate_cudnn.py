@@ -6,7 +6,8 @@ so the suite stays an honest test of the fitted rules.
 
     python benchmarks/calibrate_cudnn.py --out $OUT      # on a CUDA machine; about a minute
 
-Writes ``cudnn_calibration_<gpu>_<yyyymmdd>.json``: one row per configuration with the transient bytes of
+Writes ``cudnn_calibration_<card>_torch<X.Y>_<yyyymmdd>.json`` into ``--out`` (default ``$OUT``, else
+``benchmarks/results/estimate``): one row per configuration with the transient bytes of
 forward and backward (peak during the call minus what stays allocated after it).
 """
 
@@ -17,10 +18,15 @@ import datetime as dt
 import itertools
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import RESULTS, card, stem  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -50,6 +56,20 @@ def conv_rows() -> list[dict]:
     grid3d = [(2, 24, 3, 1, 1, False), (24, 24, 3, 1, 1, False), (48, 48, 3, 1, 1, False), (96, 96, 3, 2, 1, False),
               (192, 192, 3, 1, 1, False), (96, 48, 2, 2, 1, True), (48, 3, 1, 1, 1, False)]
     for (cin, cout, k, s, g, tr), dhw, n, dname in itertools.product(grid3d, (24, 48, 80), (1, 3), DTYPES):
+        rows.append(_conv_case(3, n, cin, cout, k, s, g, tr, dhw, dname))
+    return [r for r in rows if r]
+
+
+def conv_large_rows() -> list[dict]:
+    """Convolutions larger than the grid above (2-D 256-512 per axis, 3-D 96-128): where cuDNN's algorithm, and so
+    its workspace, can change with size (a U-Net's full-resolution decoder, 3-D patches)."""
+    rows = []
+    grid2d = [(3, 64, 7, 2, 1, False), (16, 16, 3, 1, 1, False), (32, 16, 3, 1, 1, False), (64, 64, 3, 1, 1, False),
+              (128, 128, 3, 1, 1, False), (64, 32, 2, 2, 1, True)]
+    for (cin, cout, k, s, g, tr), hw, n, dname in itertools.product(grid2d, (256, 384, 512), (2, 8), DTYPES):
+        rows.append(_conv_case(2, n, cin, cout, k, s, g, tr, hw, dname))
+    grid3d = [(1, 32, 3, 1, 1, False), (32, 32, 3, 1, 1, False), (64, 64, 3, 1, 1, False), (64, 32, 2, 2, 1, True)]
+    for (cin, cout, k, s, g, tr), dhw, n, dname in itertools.product(grid3d, (96, 128), (1, 2), DTYPES):
         rows.append(_conv_case(3, n, cin, cout, k, s, g, tr, dhw, dname))
     return [r for r in rows if r]
 
@@ -124,19 +144,18 @@ def rnn_rows() -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    parser.add_argument("--only", choices=("conv", "lstm", "rnn"), help="measure one family only")
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
+    parser.add_argument("--only", choices=("conv", "conv_large", "lstm", "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
-    families = {"conv": conv_rows, "lstm": lstm_rows, "rnn": rnn_rows}
+    families = {"conv": conv_rows, "conv_large": conv_large_rows, "lstm": lstm_rows, "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)
     result = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(), "rows": rows}
-    slug = props.name.lower().replace("nvidia", "").strip().split()[0]
-    family = f"{args.only}_" if args.only else ""
-    path = Path(args.out) / f"cudnn_calibration_{family}{slug}_{dt.date.today():%Y%m%d}.json"
+    family = f"_{args.only}" if args.only else ""
+    path = Path(args.out) / f"{stem('cudnn_calibration' + family, card(props.name), torch.__version__)}.json"
     path.write_text(json.dumps(result, indent=0))
     print(f"{len(rows)} rows -> {path}")
 

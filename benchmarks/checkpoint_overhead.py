@@ -1,16 +1,20 @@
-"""Where does activation checkpointing's time go? (issue "memfit plan": the ResNet-50 miss.)
+"""Where does activation checkpointing's time go where the CPU is the bottleneck?
 
 On the H200 grid of ``plan_quality.py`` checkpointing all of ResNet-50's bottlenecks made a micro-batch 2.3-3.5
 times slower at every micro-batch size from 1 to 64, and GPT-2's 12 blocks added ~3 ms each at micro-batch 1:
-far more than one extra forward. This script times one micro-batch (forward + backward, CUDA events, median)
-of ResNet-50 and GPT-2 at small micro-batches without checkpointing and with every block checkpointed in
-several ways, then profiles one checkpointed micro-batch (torch.profiler: CPU time by op, host syncs):
+far more than one extra forward. The profile here says where that time goes, which is what the speed model's
+``recompute_dispatch_s`` (``memfit.speed.step_time``, fitted to that grid) stands for. This script times one
+micro-batch (forward + backward, CUDA events, median) of ResNet-50 and GPT-2 at small micro-batches without
+checkpointing and with every block checkpointed in several ways, then profiles one checkpointed micro-batch
+(torch.profiler: CPU time by op, host syncs):
 
 * ``memfit``: ``memfit.workload.knobs.apply_checkpointing`` (non-reentrant, torch's defaults);
 * ``no-rng``: ``preserve_rng_state=False``;  ``no-check``: ``determinism_check="none"``;
 * ``reentrant``: ``use_reentrant=True``;  ``no-early-stop``: ``torch.utils.checkpoint.set_checkpoint_early_stop(False)``.
 
     python benchmarks/checkpoint_overhead.py --out $OUT      # GPU machine, ~1 min
+
+Writes ``checkpoint_overhead_<card>_torch<X.Y>_<yyyymmdd>.json``; committed results go to ``benchmarks/results/speed/``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _results import card, stem  # noqa: E402
 
 
 def _wrap(model, names, **kwargs):  # noqa: ANN001, ANN202
@@ -147,7 +154,8 @@ def main() -> None:
                 result["timings"].append(row)
                 del fn
                 torch.cuda.empty_cache()
-    (out / "checkpoint_overhead.json").write_text(json.dumps(result, indent=1))
+    name = stem("checkpoint_overhead", card(result["gpu"]), torch.__version__)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 with all 16 bottlenecks checkpointed, with and without preserving the RNG state (which reads and restores the
 CUDA generator for every checkpointed block), against no checkpointing.
 
-    python benchmarks/checkpoint_rng_cost.py    # GPU; prints JSON
+    python benchmarks/checkpoint_rng_cost.py    # GPU; prints JSON: median ms per mode, the card and torch
+
+Committed results go to ``benchmarks/results/speed/checkpoint_rng_cost_<card>_torch<X.Y>_<yyyymmdd>.json``.
 """
 
 from __future__ import annotations
@@ -40,4 +42,5 @@ def run(mode: str, batch: int = 16, repeats: int = 10) -> float:
 
 
 if __name__ == "__main__":
-    print(json.dumps({mode: run(mode) for mode in ("none", "ckpt-rng", "ckpt-no-rng")}))
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                      **{mode: run(mode) for mode in ("none", "ckpt-rng", "ckpt-no-rng")}}))

@@ -5,7 +5,9 @@ sums RSS, PSS and USS of the worker processes with psutil. PSS splits shared pag
 map them and USS counts only a process's private pages, so copy-on-read shows up as USS/PSS growth; RSS counts
 shared pages in every worker and overstates. CPU only; about a minute on 2 cores.
 
-Run: PYTHONPATH=src python benchmarks/data_host_memory.py [--samples 1000000] [--out benchmarks/results]
+Run: PYTHONPATH=src python benchmarks/data_host_memory.py [--samples 1000000] [--out DIR]
+
+Writes ``data_host_memory_cpu_torch<X.Y>_<yyyymmdd>.{json,md}`` into ``--out`` (default benchmarks/results/data).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _results import RESULTS, stem
 
 MiB = 2**20
 
@@ -117,7 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(RESULTS / "data"))
     parser.add_argument("--child", choices=["list", "table"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -131,12 +135,13 @@ def main() -> None:
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     if results[0]["checksum"] != results[1]["checksum"]:
         raise SystemExit("the two datasets returned different data; the comparison would be meaningless")
-    today = dt.date.today().strftime("%Y%m%d")
+    machine = _machine()
+    name = stem("data_host_memory", "cpu", machine["torch"])
     report = {"schema": 1, "benchmark": "data_host_memory", "date": dt.date.today().isoformat(),
-              "machine": _machine(), "results": results}
+              "machine": machine, "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"data_host_memory_{today}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [
         f"# DataLoader host memory, {args.samples:,} samples' metadata, {args.workers} workers ({report['date']})",
         "",
@@ -154,7 +159,7 @@ def main() -> None:
     lines += ["", "USS is memory private to the workers: for the list it is the metadata copied on read (a shuffled "
               "epoch touches pages all over the list in every worker). The table pays more Python per row "
               "(building a dict from arrays), hence the slower epoch.", ""]
-    (out / f"data_host_memory_{today}.md").write_text("\n".join(lines))
+    (out / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

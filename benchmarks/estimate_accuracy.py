@@ -2,11 +2,15 @@
 
 Three stages, because estimates must be timed on the 2-core CPU machine and measurements need the GPU:
 
-    python benchmarks/estimate_accuracy.py predict --out benchmarks/results/predictions   # CPU machine
-    python benchmarks/estimate_accuracy.py measure --out $OUT --predictions benchmarks/results/predictions  # GPU
-    python benchmarks/estimate_accuracy.py report --predictions ... --measurements ... # merge -> results files
+    python benchmarks/estimate_accuracy.py predict        # CPU machine
+    python benchmarks/estimate_accuracy.py measure        # GPU machine
+    python benchmarks/estimate_accuracy.py report         # any machine: merge the two into the results files
 
-``report`` writes ``benchmarks/results/estimate_accuracy_<gpu>_<yyyymmdd>.{json,md}``.
+``predict`` writes ``results/estimate/predictions_cpu_torch<X.Y>_<yyyymmdd>/<name>.json``; ``measure`` reads the
+newest such folder (for each workload's bisection start) and writes
+``results/estimate/measurements_<card>_torch<X.Y>_<yyyymmdd>/measured_<name>.json`` (into ``$OUT`` when set, as on
+the device machine: copy it there); ``report`` reads the newest of each (``--predictions``/``--measurements`` pick
+others) and writes ``results/estimate/estimate_accuracy_<card>_torch<X.Y>_<yyyymmdd>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _results import RESULTS, card, latest, stem  # noqa: E402
+
 
 def _suite(names: str | None) -> list[str]:
     from workloads import SUITE
@@ -34,7 +40,7 @@ def _suite(names: str | None) -> list[str]:
 
 def predict(args: argparse.Namespace) -> None:
     """Estimate every workload in a fresh process; record the estimate and its wall time."""
-    out = Path(args.out)
+    out = Path(args.out or RESULTS / "estimate" / stem("predictions", "cpu", _torch_version()))
     out.mkdir(parents=True, exist_ok=True)
     for name in _suite(args.names):
         spec = f"{HERE / 'workloads.py'}:{name}"
@@ -74,9 +80,12 @@ def _torch_version() -> str:
 
 def measure(args: argparse.Namespace) -> None:
     """Measure every workload on the GPU: uncapped run (+ snapshot), then cap bisection."""
+    import torch
+
     from memfit.estimate.measure import measure as run_measure
 
-    out = Path(args.out)
+    out = Path(args.out or os.environ.get("OUT") or RESULTS / "estimate" / stem(
+        "measurements", card(torch.cuda.get_device_name(0)), torch.__version__))
     out.mkdir(parents=True, exist_ok=True)
     for name in _suite(args.names):
         spec = f"{HERE / 'workloads.py'}:{name}"
@@ -157,11 +166,10 @@ def report(args: argparse.Namespace) -> None:
         "max_estimate_s": max((r["estimate_s"] for r in ok), default=None),
         "max_estimate_wall_s": max((r["estimate_wall_s"] for r in ok), default=None),
     }
-    slug = (summary["gpu"] or "gpu").lower().replace("nvidia", "").strip().split()[0]
-    stem = Path(args.results) / f"estimate_accuracy_{slug}_{dt.date.today():%Y%m%d}"
-    stem.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    name = stem("estimate_accuracy", card(summary["gpu"]), summary["torch_measure"] or "")
+    (Path(args.results) / f"{name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     text = _markdown(summary, rows) + (f"\n{args.note}\n" if args.note else "")
-    stem.with_suffix(".md").write_text(text)
+    (Path(args.results) / f"{name}.md").write_text(text)
     print(text)
 
 
@@ -221,20 +229,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("predict")
-    p.add_argument("--out", default=str(HERE / "results" / "predictions"))
+    p.add_argument("--out", help="default: results/estimate/predictions_cpu_torch<X.Y>_<today>")
     p.add_argument("--names")
     p.add_argument("--gpu", default="h100")
     m = sub.add_parser("measure")
-    m.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results" / "measurements")))
-    m.add_argument("--predictions", default=str(HERE / "results" / "predictions"))
+    m.add_argument("--out", help="default: $OUT, else results/estimate/measurements_<card>_torch<X.Y>_<today>")
+    m.add_argument("--predictions", default=str(latest("estimate", "predictions_")))
     m.add_argument("--names")
     m.add_argument("--no-bisect", action="store_true")
     m.add_argument("--tolerance", type=float, default=0.005)
     m.add_argument("--traces", action="store_true", help="also save the allocator trace of the uncapped run")
     r = sub.add_parser("report")
-    r.add_argument("--predictions", default=str(HERE / "results" / "predictions"))
-    r.add_argument("--measurements", default=str(HERE / "results" / "measurements"))
-    r.add_argument("--results", default=str(HERE / "results"))
+    r.add_argument("--predictions", default=str(latest("estimate", "predictions_")))
+    r.add_argument("--measurements", default=str(latest("estimate", "measurements_")),
+                   help="default: the newest measurements folder of any card; name the card's folder to pick one")
+    r.add_argument("--results", default=str(RESULTS / "estimate"))
     r.add_argument("--names")
     r.add_argument("--note", help="a paragraph to add under the table (e.g. what was measured when)")
     args = parser.parse_args()

@@ -7,7 +7,10 @@ process. The two source trees run alternately, workload by workload, so that loa
 machine falls on both alike; the table keeps the fastest repetition of each.
 
     git archive BASE src | tar -x -C /tmp/base        # the source tree before the change
-    python benchmarks/estimate_time.py --before /tmp/base/src --after src --reps 2 --out results/estimate_time.json
+    python benchmarks/estimate_time.py --before /tmp/base/src --after src --reps 2 --out estimate_time.json
+
+``--before src --after src`` times the current tree alone (both columns are then the same code). Committed
+results go to ``benchmarks/results/estimate/estimate_time_cpu_torch<X.Y>_<yyyymmdd>.{json,md}``.
 
 Exits with status 1 if any prediction (everything in the Estimate JSON but ``elapsed_s``) differs.
 """

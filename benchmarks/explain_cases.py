@@ -1,4 +1,4 @@
-"""Three real cases for ``memfit explain``, checked on a GPU (issue "memfit explain", quality bar).
+"""Three real cases for ``memfit explain``, checked on a GPU: does the explanation match what the GPU does?
 
 For each case (examples/explain/*.py with a budget):
 1. ``explain()`` on the CPU machine (``predict``): the diagnosis, the fixes, the report and PNGs;
@@ -10,6 +10,9 @@ For each case (examples/explain/*.py with a budget):
 
     python benchmarks/explain_cases.py predict --out examples/explain/reports   # CPU machine
     python benchmarks/explain_cases.py measure --predictions examples/explain/reports --out $OUT   # GPU
+
+``measure`` writes ``explain_cases_<card>_torch<X.Y>_<yyyymmdd>.json``; committed results go to
+``benchmarks/results/explain/`` with a markdown summary beside it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _results import card, stem  # noqa: E402
+
 CASES = [
     ("satellite_unet", "6GiB"),
     ("nnunet_3d", "12GiB"),
@@ -179,7 +186,8 @@ def main() -> None:
         "gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
         "date": dt.date.today().isoformat(), "cases": records,
     }
-    (out / "explain_cases.json").write_text(json.dumps(result, indent=1))
+    name = stem("explain_cases", card(props.name), torch.__version__)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

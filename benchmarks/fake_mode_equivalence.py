@@ -7,7 +7,8 @@ event order; differences are listed by op. Each mode keeps its own dispatch cach
 swaps FakeTensorMode's class-wide cache while entered), so neither trace reads the other's outputs. Speed is not
 measured here (the second trace of a model hits the first's cache): see benchmarks/estimate_time.py.
 
-    python benchmarks/fake_mode_equivalence.py --out benchmarks/results/fake_mode_equivalence_cpu_<date>.json
+    python benchmarks/fake_mode_equivalence.py \
+        --out benchmarks/results/estimate/fake_mode_equivalence_cpu_torch<X.Y>_<yyyymmdd>.json
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ Measures, on a small GPT-style transformer built from torch alone (bf16 autocast
     started at the size the guard found, on the same data from the same initial weights. Both runs use
     deterministic kernels (``torch.use_deterministic_algorithms``): by default cuDNN attention's backward is not
     deterministic, and AdamW turns its last-bit differences into whole-``lr`` differences wherever a gradient is
-    near zero. The first H200 run compared per-tensor max differences relative to each tensor's max, and got
-    0.55 on the zero-initialised attention biases; two *clean* runs differ by the same 0.55 there (measured on the
-    H200, 2026-11-26). A repeat of the reference run gives the noise floor of the comparison;
+    near zero: without deterministic kernels two *clean* runs already differ by 0.55 (per-tensor max difference
+    relative to the tensor's max) on the zero-initialised attention biases (H200, torch 2.11), which would hide
+    a recovery bug. A repeat of the reference run gives the noise floor of the comparison;
 (b) no leak: ``memory_allocated()`` right after each of 20 forced OOMs equals its value before the step;
 (c) overhead without OOM against a hand-written accumulation loop on the same model and sizes, interleaved
     step by step with alternating order, after a warm-up, in several repeats; the median over repeats of the
@@ -24,8 +24,8 @@ Usage (about 2 minutes on an H100)::
     PYTHONPATH=src python benchmarks/guard_benchmark.py [--out DIR] [--distributed]
     PYTHONPATH=src python benchmarks/guard_benchmark.py --device cpu   # dry run: injected OOMs, tiny model
 
-Results: ``guard_<gpu-slug>_<yyyymmdd>.json`` and ``.md`` in ``--out`` (default ``$OUT``, else
-``benchmarks/results``).
+Results: ``guard_<card>_torch<X.Y>_<yyyymmdd>.json`` and ``.md`` (``guard_2x<card>_...`` when the 2-rank check ran,
+``guard_dry_run_cpu_...`` for ``--device cpu``) in ``--out`` (default ``$OUT``, else ``benchmarks/results/guard``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import datetime
 import json
 import logging
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from _results import RESULTS, card, stem
 from memfit.guard.microbatch import count_tokens
 from memfit.guard.step import TrainStep
 
@@ -505,10 +505,6 @@ def measure_distributed(s: Shape, device_type: str) -> dict[str, Any]:
 # -- report ---------------------------------------------------------------------------------------------------
 
 
-def slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def render_markdown(report: dict[str, Any]) -> str:
     r = report["results"]
     lines = [
@@ -554,8 +550,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results",
-                   help="directory for the JSON and markdown results (default: $OUT, else benchmarks/results)")
+    p.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "guard"),
+                   help="directory for the JSON and markdown results (default: $OUT, else benchmarks/results/guard)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: a dry run on a tiny model with injected OOMs, to test this script")
     p.add_argument("--distributed", action="store_true",
@@ -611,11 +607,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"guard_{slug(name)}_{today.strftime('%Y%m%d')}"
-    write_atomic(out / f"{stem}.json", json.dumps(report, indent=2, default=str))
-    write_atomic(out / f"{stem}.md", render_markdown(report))
+    ranks = 2 if "distributed" in results else 1
+    name_stem = (stem("guard", card(name, ranks), torch.__version__, today) if device.type == "cuda"
+                 else stem("guard_dry_run", "cpu", torch.__version__, today))
+    write_atomic(out / f"{name_stem}.json", json.dumps(report, indent=2, default=str))
+    write_atomic(out / f"{name_stem}.md", render_markdown(report))
     print(render_markdown(report))
-    print(f"wrote {out / stem}.json and .md")
+    print(f"wrote {out / name_stem}.json and .md")
     ok = not errors and all(v.get("pass", True) for k, v in results.items() if isinstance(v, dict) and k != "errors")
     return 0 if ok or (device.type == "cpu" and not errors) else 1
 

@@ -10,8 +10,8 @@ Dry run of the logic on CPU with gloo (memory numbers are then absent):
     PYTHONPATH=src torchrun --nproc-per-node 2 benchmarks/multigpu_balance.py --device cpu --steps 2 \
         --samples 64 --max-side 256 --out /tmp/x
 
-Writes ``multigpu_<gpu-slug>_<yyyymmdd>.json`` and ``.md`` into ``--out`` (default ``$OUT``, else
-benchmarks/results).
+Writes ``multigpu_<ranks>x<card>_torch<X.Y>_<yyyymmdd>.json`` and ``.md`` into ``--out`` (default ``$OUT``, else
+benchmarks/results/distributed).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import RESULTS, card, stem  # noqa: E402
 from memfit.data.balance import BalancedBatchSampler  # noqa: E402
 from memfit.distributed.ranks import RankMemory, collect_rank_memory, diagnose, gather_rank_memory  # noqa: E402
 from memfit.distributed.shard import model_state_memory, shard_model  # noqa: E402
@@ -251,12 +252,6 @@ def run_sharding(strategy: str, args: argparse.Namespace, device: torch.device, 
             "measured_over_formula_total": (peak / formula.total_bytes) if peak else None}
 
 
-def gpu_slug(device: torch.device) -> str:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    name = name.replace("NVIDIA", "").strip().lower()
-    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
-
-
 def render(report: dict) -> str:
     def mib(b: float | None) -> str:
         return "-" if b is None else f"{b / MiB:,.0f} MiB"
@@ -293,7 +288,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--max-side", type=int, default=1024)
-    parser.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "distributed"))
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -321,9 +316,10 @@ def main() -> None:
         }
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = f"multigpu_{gpu_slug(device)}_{dt.date.today().strftime('%Y%m%d')}"
-        (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-        (out / f"{stem}.md").write_text(render(report))
+        name = stem("multigpu", card(report["device_name"] if device.type == "cuda" else None, world),
+                    torch.__version__)
+        (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+        (out / f"{name}.md").write_text(render(report))
         print(render(report))
     dist.barrier()
     dist.destroy_process_group()

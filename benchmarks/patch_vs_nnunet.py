@@ -11,8 +11,11 @@ forward hooks over the same PlainConvUNet layout, every Conv/ConvTranspose outpu
 ``plan_patch`` on the same network, same start, same budgets. Then the GPU says whether each choice runs under
 a cap of budget - CUDA context.
 
-    python benchmarks/patch_vs_nnunet.py predict --out benchmarks/results/patch_predictions   # CPU
-    python benchmarks/patch_vs_nnunet.py measure --predictions ... --out $OUT                    # GPU
+    python benchmarks/patch_vs_nnunet.py predict --out benchmarks/results/plan/patch_predictions_cpu_<date>  # CPU
+    python benchmarks/patch_vs_nnunet.py measure --out $OUT      # GPU; --predictions: default the newest
+
+``measure`` writes ``patch_vs_nnunet_<card>_torch<X.Y>_<yyyymmdd>.json``; committed results go to
+``benchmarks/results/plan/``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,15 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _results import card, latest, stem  # noqa: E402
+
 MEDIAN_SHAPE = (192, 224, 192)  # a BraTS-like median shape after cropping, isotropic spacing
 MULTIPLE = (32, 32, 32)  # 5 stride-2 poolings: nnU-Net's divisibility for 6 stages
 BUDGETS_GB = (8, 12, 16, 24)  # GPU memory targets in 10^9 bytes, as nnU-Net's -gpu_memory_target takes them
@@ -124,14 +132,15 @@ def measure(args: argparse.Namespace) -> None:
               "context_bytes": context, "median_shape": pred["median_shape"], "rows": rows,
               "voxels": {str(r["budget_gb"]): {w: math.prod(r[w]["patch"]) for w in ("memfit", "nnunet")
                                                if r[w]["patch"]} for r in rows}}
-    (Path(args.out) / "patch_vs_nnunet_measured.json").write_text(json.dumps(result, indent=1))
+    name = stem("patch_vs_nnunet", card(result["gpu"]), torch.__version__)
+    (Path(args.out) / f"{name}.json").write_text(json.dumps(result, indent=1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("stage", choices=("predict", "measure"))
     parser.add_argument("--out", default="out")
-    parser.add_argument("--predictions", default=str(HERE / "results" / "patch_predictions"))
+    parser.add_argument("--predictions", default=str(latest("plan", "patch_predictions_")))
     parser.add_argument("--gpu", default="h100")
     args = parser.parse_args()
     predict(args) if args.stage == "predict" else measure(args)

@@ -2,8 +2,9 @@
 
 For each model (a CNN, a GPT-style decoder, a 3-D U-Net) and 4 budgets from tight to loose:
 
-    python benchmarks/plan_quality.py predict --out benchmarks/results/plan_predictions   # CPU machine
-    python benchmarks/plan_quality.py measure --predictions ... --out $OUT --models resnet50  # GPU machine
+    python benchmarks/plan_quality.py predict --out benchmarks/results/plan/plan_predictions_cpu_<date>  # CPU
+    python benchmarks/plan_quality.py measure --out $OUT --models resnet50 [--lightning]  # GPU machine
+    python benchmarks/plan_quality.py verify|retime|paired|lightning --out $OUT          # GPU machine
 
 ``predict`` plans with the roofline speed model and times the planning on this (2-core) CPU; it also writes the
 grid: every micro-batch dividing the effective batch × checkpointing (none, the planner's half set, all blocks)
@@ -14,6 +15,13 @@ peak memory under the protocol, decides for each budget whether it runs under th
 the CUDA context), runs each plan's choice under its cap in a fresh process, plans again with a GPU calibration,
 and runs Lightning's batch-size finder under each cap. Plain halving until it runs is read off the grid
 (``plan_quality_report.py``): micro-batch = effective, effective/2, ... without checkpointing, as people do.
+
+``--predictions`` and ``--grid`` default to the newest ``benchmarks/results/plan/plan_predictions_*`` and
+``plan_grid_*`` folders. Each GPU stage writes per-model files into ``--out``; they are committed as
+``benchmarks/results/plan/plan_<stage>_<card>_torch<X.Y>_<yyyymmdd>/`` (``measure``'s as ``plan_grid_...``).
+``verify`` runs plans made after the grid was measured under their caps in fresh processes; ``retime`` and
+``paired`` time a plan against the grid's fastest fitting configurations again, because the grid times each
+configuration once and a CPU-bound step's timing varies more than the differences between optimizer variants.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from _results import latest  # noqa: E402
+
 MODELS = {
     # name: (built-in workload, effective batch)
     "resnet50": ("resnet50", 64),
@@ -491,12 +503,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("stage", choices=("predict", "measure", "verify", "retime", "paired", "lightning"))
     parser.add_argument("--out", default="out")
-    parser.add_argument("--predictions", default=str(HERE / "results" / "plan_predictions"))
+    parser.add_argument("--predictions", default=str(latest("plan", "plan_predictions_")))
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--lightning", action="store_true")
-    parser.add_argument("--grid", default=str(HERE / "results" / "plan_quality_h200_20261126"))
+    parser.add_argument("--grid", default=str(latest("plan", "plan_grid_")))
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)

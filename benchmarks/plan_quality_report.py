@@ -1,14 +1,24 @@
-"""Merge plan_quality predictions and measurements into benchmarks/results/plan_quality_<gpu>_<date>.{json,md}.
+"""Merge plan_quality predictions and the measured grid into plan_quality_<card>_torch<X.Y>_<date>.{json,md}.
 
-    python benchmarks/plan_quality_report.py --predictions benchmarks/results/plan_predictions \
-        --measurements benchmarks/results/plan_quality_h200_20261126 --out benchmarks/results
+    python benchmarks/plan_quality_report.py --replanned \
+        --predictions benchmarks/results/plan/plan_predictions_cpu_20261126 \
+        --measurements benchmarks/results/plan/plan_grid_h200_torch2.11_20261126 --out benchmarks/results/plan
+
+The name's card, torch and date are the grid's (the measurement's), so the same inputs give the same file.
+``--replanned`` when the plans were made after the grid was measured: whether a plan fits is then read off the
+grid's capped runs (``plan_quality.py verify`` runs the plans themselves under their caps).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import card, stem  # noqa: E402
 
 
 def _key(cfg: dict) -> tuple:
@@ -145,7 +155,7 @@ def main() -> None:
     parser.add_argument("--predictions", required=True)
     parser.add_argument("--measurements", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--name", default="plan_quality_h200_20261126")
+    parser.add_argument("--name", help="file name without suffix; default plan_quality_<card>_torch<X.Y>_<date>")
     parser.add_argument("--replanned", action="store_true")
     parser.add_argument("--retime", nargs="*", default=[], help="plan_retime_*.json files: print their table")
     args = parser.parse_args()
@@ -153,6 +163,8 @@ def main() -> None:
         print(retime_markdown([Path(p) for p in args.retime]))
         return
     r = report(Path(args.predictions), Path(args.measurements), replanned=args.replanned)
+    first = r["models"][0]
+    args.name = args.name or stem("plan_quality", card(first["gpu"]), first["torch"], first["date"])
     Path(args.out, f"{args.name}.json").write_text(json.dumps(r, indent=1))
     Path(args.out, f"{args.name}.md").write_text(markdown(r))
     print(markdown(r))

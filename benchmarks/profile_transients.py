@@ -4,14 +4,14 @@ the caching allocator's peak around every ATen op, forward and backward.
 
     python benchmarks/profile_transients.py --out $OUT [--names a,b]
 
-Writes ``transients_<gpu>_<yyyymmdd>.json``: per op call with a transient above 1 MiB, the op, its input
+Writes ``transients_<card>_torch<X.Y>_<yyyymmdd>.json`` into ``--out`` (default ``$OUT``, else
+``benchmarks/results/estimate``): per op call with a transient above 1 MiB, the op, its input
 shapes and dtypes, its output bytes and the transient bytes.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
@@ -23,6 +23,8 @@ from torch.utils._pytree import tree_flatten
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from _results import RESULTS, card, stem  # noqa: E402
 
 
 class _Transients(TorchDispatchMode):
@@ -49,7 +51,7 @@ class _Transients(TorchDispatchMode):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--names")
     args = parser.parse_args()
     import workloads
@@ -75,8 +77,7 @@ def main() -> None:
             model = opt = batch = scaler = None
             torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
-    slug = props.name.lower().replace("nvidia", "").strip().split()[0]
-    path = Path(args.out) / f"transients_{slug}_{dt.date.today():%Y%m%d}.json"
+    path = Path(args.out) / f"{stem('transients', card(props.name), torch.__version__)}.json"
     path.write_text(json.dumps({"gpu": props.name, "torch": torch.__version__, "cudnn":
                                 torch.backends.cudnn.version(), "workloads": result}))
     print("->", path)

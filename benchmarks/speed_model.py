@@ -18,7 +18,8 @@ that fits (the planner's acceptance test: at least 95 %).
     PYTHONPATH=src python benchmarks/speed_model.py --only gpt2 --costs out/speed_costs.json
 
 Costs are traced first, on the CPU, in a process pool (before CUDA starts, so it cannot disturb the timings) and
-saved to ``$OUT/speed_costs.json``; ``--costs`` reuses such a file. Under 4 minutes on one H100.
+saved to ``$OUT/speed_costs.json``; ``--costs`` reuses such a file. Under 4 minutes on one H100. The report is
+``$OUT/speed_model_<card>_torch<X.Y>_<yyyymmdd>.{json,md}``; committed results go to ``benchmarks/results/speed/``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from _results import card, stem  # noqa: E402
 
 MODELS = ("resnet50", "gpt2", "unet3d")
 UNET_PATCH = 64  # 64^3 patches instead of the built-in's 128^3: an eighth of the time per step
@@ -454,12 +458,12 @@ def main() -> None:
     result.update(gpu=gpu, torch=torch.__version__, cuda=str(torch.version.cuda),
                   date=dt.date.today().isoformat(), elapsed_s=time.perf_counter() - started,
                   calibrations={k: (v.to_dict() if v else None) for k, v in calibrations.items()})
-    stem = f"speed_model_{gpu.split()[1].lower() if len(gpu.split()) > 1 else 'gpu'}_{dt.date.today():%Y%m%d}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    name = stem("speed_model", card(gpu), torch.__version__)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
     md = _markdown(result)
-    (out / f"{stem}.md").write_text(md)
+    (out / f"{name}.md").write_text(md)
     print(md)
-    print(f"wrote {out / stem}.{{json,md}} in {result['elapsed_s']:.0f}s", flush=True)
+    print(f"wrote {out / name}.{{json,md}} in {result['elapsed_s']:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

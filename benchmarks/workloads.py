@@ -115,7 +115,7 @@ def _t5_small():  # noqa: ANN202
     ))
 
 
-# not in the suite: checks the learned-bias attention rule (memfit/cuda_emulation.py: _cuda_sdpa)
+# not in the suite: checks the learned-bias attention rule (memfit/estimate/cuda_emulation.py: _cuda_sdpa)
 hf_t5_small = Workload(
     name="hf_t5_small", model=_t5_small, batch=lambda n: torch.randint(0, 32128, (n, 512)),
     forward=lambda m, b: m(input_ids=b, labels=b), loss=lambda out, b: out.loss, batch_size=16,
@@ -149,9 +149,9 @@ monai_unet3d = Workload(
 lstm_lm = builtin_workload("lstm")
 unet2d_tiles = builtin_workload("unet2d").replace(name="unet2d_tiles", precision="bf16", batch_size=2)
 mlp = builtin_workload("mlp")
-# memfit's GPT with torch.utils.checkpoint per block. Hugging Face's own gradient checkpointing is hf_gpt2_ckpt:
-# on torch 2.11 it crashed in backward with transformers 5.17 ("run_backward returned NULL without setting an
-# exception") and runs with transformers 5.24, which measured it.
+# memfit's GPT with torch.utils.checkpoint per block. Hugging Face's own gradient checkpointing is hf_gpt2_ckpt,
+# which needs transformers >= 5.24 on torch 2.11: with 5.17 its backward crashes on the GPU ("run_backward
+# returned NULL without setting an exception"), in a plain training step, without memfit.
 gpt2_ckpt = builtin_workload("gpt2-ckpt").replace(name="gpt2_ckpt")
 
 SUITE = [

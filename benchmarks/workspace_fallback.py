@@ -2,6 +2,9 @@
 when one does not fit) versus mandatory, against the measured smallest cap.
 
     python benchmarks/workspace_fallback.py [names]   # CPU; prints a markdown table
+
+The measured column is the newest ``benchmarks/results/estimate/measurements_h200_*`` run of the accuracy suite
+(``estimate_accuracy.py measure``), the card whose workspace rules the trace uses.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _results import latest  # noqa: E402
 from memfit.estimate.allocator import smallest_fitting_capacity  # noqa: E402
 from memfit.estimate.gpus import gpu_spec  # noqa: E402
 from memfit.estimate.trace import trace_workload  # noqa: E402
@@ -30,7 +34,7 @@ def main() -> None:
         events = trace_workload(getattr(workloads, name), gpu_spec("h200")).events()
         soft = smallest_fitting_capacity(events)
         hard = smallest_fitting_capacity([(1 if op == 2 else op, key, n) for op, key, n in events])
-        measured = json.loads((HERE / "results" / "measurements" / f"measured_{name}.json").read_text())
+        measured = json.loads((latest("estimate", "measurements_h200_") / f"measured_{name}.json").read_text())
         m = measured["fits_in_bytes"]
         print(f"| {name} | {soft / MiB:,.0f} MiB ({(soft - m) / m:+.1%}) | {hard / MiB:,.0f} MiB "
               f"({(hard - m) / m:+.1%}) | {m / MiB:,.0f} MiB |")

@@ -75,3 +75,15 @@ class StrictFakeCuda:
 def strict_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> StrictFakeCuda:
     """A pretend GPU whose current device is 1 (so a call that fell back to 0 would show)."""
     return StrictFakeCuda(current=1).install(monkeypatch)
+
+
+def small_plan():  # noqa: ANN201 - memfit.plan.search.Plan, imported here only when called
+    """A Plan built by hand (no search): for the tests of its JSON and of saving it."""
+    from memfit.plan.search import Candidate, Config, Plan
+
+    config = Config(micro_batch=4, accumulation_steps=2, precision="bf16", checkpoint=("layers.0",),
+                    patch_size=(8, 8, 8))
+    chosen = Candidate(config=config, device_bytes=3 << 30, fits_in_bytes=2 << 30, step_time_s=0.1,
+                       samples_per_s=80.0, verified=True, fits=True)
+    return Plan(workload="w", gpu="H100", budget_bytes=4 << 30, margin=0.02, effective_batch=8, chosen=chosen,
+                frontier=[chosen], considered=3, estimates=2, speed_model="roofline", notes=["n"])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from memfit.data.cache import CachedDataset, PreprocessCache
+from memfit.errors import UsageError
 
 
 class Counter:
@@ -62,11 +63,25 @@ def test_crash_mid_write_leaves_no_item_and_fill_resumes(tmp_path, monkeypatch) 
     monkeypatch.setattr(np, "savez", real_savez)
     done = sorted(p.name for p in cache.directory.glob("*.npz"))
     assert done == [f"{i:08d}.npz" for i in range(3)]  # item 3 was never renamed into place
-    assert not list(cache.directory.glob(".tmp-*"))
+    assert not list(cache.directory.glob(".*"))  # no temporary file left behind, whatever its name
     result = cache.fill(range(10), _raw)
     assert (result.written, result.skipped) == (7, 3) and result.bytes_on_disk > 0
     for i in range(10):
         np.testing.assert_array_equal(cache.get(i, lambda: None)["mask"], _raw(i) > 0)
+
+
+def test_a_full_disk_fails_the_item_not_the_cache(tmp_path, monkeypatch) -> None:
+    cache = PreprocessCache(tmp_path, Counter(), params={"scale": 1.0, "clip": 5.0})
+    cache.get(0, lambda: _raw(0))
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", full_disk)
+    with pytest.raises(UsageError, match="No space left on device"):
+        cache.get(1, lambda: _raw(1))
+    monkeypatch.undo()
+    assert sorted(p.name for p in cache.directory.iterdir()) == ["00000000.npz", "manifest.json"]
 
 
 def test_augmentation_runs_fresh_on_cached_output(tmp_path) -> None:

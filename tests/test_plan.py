@@ -1,9 +1,13 @@
 """The planner on CPU: real estimates, a mocked speed model ("mock the hardware, not the math")."""
 
+import os
+
 import pytest
 import torch
 
+from conftest import small_plan
 from memfit import BudgetTooSmallError, estimate
+from memfit.errors import UsageError
 from memfit.plan.patch import patch_ladder, plan_patch
 from memfit.plan.search import Plan, Search, plan
 from memfit.workload.models import UNet
@@ -80,6 +84,35 @@ def test_plan_json_round_trips(tmp_path, needs):  # noqa: ANN001
     assert Plan.load(path) == p
     with pytest.raises(Exception, match="directory"):
         p.save(tmp_path)
+
+
+def test_save_replaces_the_file_atomically(tmp_path):  # noqa: ANN001
+    p = small_plan()
+    target = tmp_path / "plan.json"
+    target.write_text("old plan")
+    assert p.save(target) == target and Plan.load(target) == p
+    assert [f.name for f in tmp_path.iterdir()] == ["plan.json"]  # the temporary file was renamed
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_a_failed_save_keeps_the_old_plan_and_leaves_no_temporary_file(tmp_path, monkeypatch, failing):  # noqa: ANN001
+    target = tmp_path / "plan.json"
+    target.write_text("old plan")
+
+    def full_disk(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, failing, full_disk)
+    with pytest.raises(UsageError, match="cannot write the plan .*No space left on device"):
+        small_plan().save(target)
+    monkeypatch.undo()
+    assert target.read_text() == "old plan"
+    assert [f.name for f in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_save_into_a_missing_folder_says_so(tmp_path):  # noqa: ANN001
+    with pytest.raises(UsageError, match="does not exist"):
+        small_plan().save(tmp_path / "missing" / "plan.json")
 
 
 def test_apply_configures_the_guarded_step(needs):

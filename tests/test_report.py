@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 
 from memfit.errors import MissingExtraError, UsageError
+from memfit.estimate.categories import MEMORY_CATEGORIES, TRACED_CATEGORIES
 from memfit.estimate.predict import Estimate, estimate
-from memfit.estimate.trace import CATEGORIES
 from memfit.explain.explanation import BlockMemory, Explanation, Fix, Part
+from memfit.explain.oom_diagnosis import OomDiagnosis
+from memfit.explain.oom_message import OomMessage
+from memfit.report.terminal import render_oom
 from memfit.workload.zoo import builtin_workload
 
 pytest.importorskip("matplotlib")
@@ -40,7 +43,7 @@ def _fix(base: Estimate, name: str, knob: str, fits_in: int, time_factor: float 
                fits_budget=None if budget is None else device <= budget)
 
 
-def _explanation(base: Estimate, *, budget: int | None, oom: dict | None = None) -> Explanation:
+def _explanation(base: Estimate, *, budget: int | None, oom: OomDiagnosis | None = None) -> Explanation:
     parts = [Part(c, b, b / base.fits_in_bytes, "detail of " + c) for c, b in base.breakdown.items() if b > 0]
     parts.sort(key=lambda p: -p.nbytes)
     blocks = [BlockMemory(n, b) for n, b in base.activations_by_module.items()]
@@ -66,7 +69,7 @@ def _explanation(base: Estimate, *, budget: int | None, oom: dict | None = None)
 def test_timeline_by_category_sums_to_allocated(est: Estimate) -> None:
     assert est.timeline
     for point in est.timeline:
-        assert set(point.by_category) == set(CATEGORIES)
+        assert set(point.by_category) == set(TRACED_CATEGORIES)
         assert sum(point.by_category.values()) == point.allocated_bytes
         assert min(point.by_category.values()) >= 0
     assert max(p.allocated_bytes for p in est.timeline) == est.peak_allocated_bytes
@@ -87,7 +90,7 @@ def test_phases_mark_each_step(est: Estimate) -> None:
 
 def test_estimate_with_timeline_categories_is_json(est: Estimate) -> None:
     d = json.loads(est.to_json())
-    assert d["timeline"][0]["by_category"].keys() == set(CATEGORIES)
+    assert d["timeline"][0]["by_category"].keys() == set(TRACED_CATEGORIES)
     assert [tuple(p) for p in d["phases"]] == est.phases
 
 
@@ -184,12 +187,46 @@ def test_report_overwrites_a_file_but_never_a_directory(est: Estimate, tmp_path:
         write_report(x, tmp_path / "missing" / "report.html")
 
 
+def _oom() -> OomDiagnosis:
+    message = OomMessage(torch_format="torch>=2.2", raw="CUDA out of memory. Tried to allocate 2.00 GiB <raw>",
+                         tried_to_allocate_bytes=2 << 30, total_capacity_bytes=24 << 30, free_bytes=1 << 30,
+                         allocator="native")
+    return OomDiagnosis(message=message, findings=["the <cap> was hit", "one", "two"], causes=["memory_cap"])
+
+
 def test_report_shows_the_oom_diagnosis(est: Estimate, tmp_path: Path) -> None:
-    oom = {"requested_bytes": 2 << 30, "summary": "the <cap> was hit", "hints": ["one", "two"]}
+    oom = _oom()
     page = write_report(_explanation(est, budget=None, oom=oom), tmp_path / "r.html").read_text(encoding="utf-8")
     assert "out-of-memory" in page and "2.00 GiB" in page and "the &lt;cap&gt; was hit" in page
     assert "out-of-memory" not in write_report(_explanation(est, budget=None), tmp_path / "s.html").read_text(
         encoding="utf-8")
+    # rendered for a reader: findings as a list, sizes labelled in words, the message's text escaped; no field names
+    assert "<li>one</li><li>two</li>" in page and "tried to allocate" in page and "24.00 GiB" in page
+    assert "memory cap" in page and "2.00 GiB &lt;raw&gt;" in page
+    assert "tried_to_allocate_bytes" not in page and "torch_format" not in page
+
+
+def test_terminal_shows_the_oom_diagnosis() -> None:
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    render_oom(_oom(), console)
+    text = console.export_text()
+    assert "tried to allocate" in text and "2.00 GiB" in text and "GPU capacity" in text and "24.00 GiB" in text
+    assert "• the <cap> was hit" in text and "• two" in text and "memory cap" in text
+    assert "tried_to_allocate_bytes" not in text
+
+
+def test_every_category_and_training_change_has_its_words_and_colour() -> None:
+    from memfit.explain import explanation
+    from memfit.explain.fixes import TRAINING_CHANGES
+    from memfit.report import html as page
+    from memfit.report import terminal
+
+    assert set(plots.CATEGORY_COLORS) == set(plots.CATEGORY_LABELS) == set(MEMORY_CATEGORIES)
+    assert set(explanation._CATEGORY_WORDS) == set(MEMORY_CATEGORIES)
+    for words in (plots.TRAINING_COLORS, plots._TRAINING_LABELS, page._TRAINING_WORDS, terminal._TRAINING_WORDS):
+        assert set(words) == set(TRAINING_CHANGES)
 
 
 def test_write_pngs(est: Estimate, tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
 """Every private or semi-private PyTorch API memfit uses, in one place, behind a version check.
 
 If a torch release moves one of these, this is the only module to change. Checked on torch 2.11, 2.13 and 2.14.
+``tests/test_architecture.py`` fails when another module touches ``torch._*``, an op's ``_schema`` or a module's
+``_parameters``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from memfit.errors import MemfitError
+from memfit.errors import MemfitError, UsageError
 
 MIN_TORCH = (2, 4)
 
@@ -56,6 +59,15 @@ __all__ = [
     "WeakIdKeyDictionary",
     "all_op_names",
     "current_autograd_node",
+    "is_view",
+    "load_fully_shard",
+    "op_argument_names",
+    "op_mutated_arguments",
+    "op_returns_nothing",
+    "op_short_name",
+    "sdpa_efficient",
+    "sdpa_flash_cpu",
+    "sdpa_math",
     "no_dispatch_modes",
     "has_kernel",
     "exclude_dispatch_key",
@@ -174,6 +186,88 @@ def no_dispatch_modes() -> Any:
 def current_autograd_node() -> Any:
     """The autograd node the engine is running on this thread, or None outside backward."""
     return torch._C._current_autograd_node()
+
+
+# -- operator schemas: OpOverload._schema is a torch._C.FunctionSchema ------------------------------------------
+
+# the tracer asks for the name of every op it dispatches (tens of thousands a step): once per op overload
+_SHORT_NAMES: dict[Any, str] = {}
+
+
+def op_short_name(func: Any) -> str:
+    """``func``'s name without namespace or overload: ``mm`` for ``aten::mm.out``."""
+    try:
+        return _SHORT_NAMES[func]
+    except KeyError:
+        name = _SHORT_NAMES[func] = func._schema.name.split("::")[-1]
+        return name
+
+
+def op_returns_nothing(func: Any) -> bool:
+    """The op only updates its arguments in place (``_foreach_mul_``, fused optimizer steps)."""
+    return not func._schema.returns
+
+
+def op_mutated_arguments(func: Any) -> tuple[int, ...]:
+    """Positions of the arguments the op writes (``Tensor(a!)`` in its schema)."""
+    return tuple(i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+
+
+def op_argument_names(func: Any) -> list[str]:
+    """The op's argument names in schema order (``["self", "dtype", ...]``)."""
+    return [a.name for a in func._schema.arguments]
+
+
+def is_view(t: torch.Tensor) -> bool:
+    """``t`` shares another tensor's storage as a view (autocast never caches a cast of one)."""
+    return bool(t._is_view())
+
+
+# -- attention kernels CUDA runs, called on the CPU for the tensors they save ---------------------------------
+
+
+def sdpa_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+              dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
+    """Attention by its math path (``aten::_scaled_dot_product_attention_math``): saves the probabilities."""
+    return torch.ops.aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale
+    )[0]
+
+
+def sdpa_efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor,
+                   dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
+    """The memory-efficient kernel (``aten::_scaled_dot_product_efficient_attention``) with a bias that needs a
+    gradient: saves the output and a log-sum-exp."""
+    return torch.ops.aten._scaled_dot_product_efficient_attention.default(
+        query, key, value, bias, True, dropout_p, is_causal, scale=scale
+    )[0]
+
+
+def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                   dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
+    """The CPU flash kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``): saves the output and a
+    log-sum-exp, as CUDA's fused kernels do."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )[0]
+
+
+# -- FSDP2 ---------------------------------------------------------------------------------------------------
+
+
+def load_fully_shard() -> Callable[..., Any]:
+    """``fully_shard`` from wherever this torch keeps it, or raise naming the torch version needed."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4-2.5
+        except ImportError as exc:
+            raise UsageError(
+                f"FSDP2 (fully_shard) needs torch >= 2.4 with torch.distributed; this is torch {torch.__version__}. "
+                "Upgrade torch or use DistributedDataParallel."
+            ) from exc
+    return fully_shard
 
 
 def all_op_names() -> list[str]:

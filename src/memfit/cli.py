@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
@@ -166,14 +165,12 @@ def explain(
 
 
 def _explain_oom_only(oom_text: str, json_out: bool) -> None:
-    import json
-
     from memfit.explain.oom_diagnosis import diagnose_oom
     from memfit.explain.oom_message import parse_oom_message
 
-    diagnosis = diagnose_oom(parse_oom_message(oom_text)).to_dict()
+    diagnosis = diagnose_oom(parse_oom_message(oom_text))
     if json_out:
-        typer.echo(json.dumps(diagnosis, indent=2))
+        typer.echo(diagnosis.to_json(indent=2))
         return
     from rich.console import Console
 
@@ -264,19 +261,10 @@ def list_builtins() -> None:
 
 
 def _exit(code: int) -> NoReturn:
-    """End the process: flush the output, run the atexit handlers (logging's among them), then skip the
-    interpreter's teardown, which frees every object of torch and the model's libraries one by one: 1.7-1.9 s
-    after a Swin-UNETR estimate with MONAI and transformers loaded, on the 2-core CPU
-    (benchmarks/results/estimate_time_static_fake_cpu_20261126.md)."""
-    import atexit
-    import os
+    """End the process without the interpreter's teardown, after the atexit handlers (``memfit._process``)."""
+    from memfit._process import exit_now
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 def main() -> None:

@@ -27,13 +27,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from memfit.errors import UsageError
+from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerSettings(JsonRecord):
+    """How a :class:`BalancedBatchSampler` deals its samples, for logs and result files."""
+
+    num_samples: int
+    batch_size: int
+    num_replicas: int
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    pool_steps: int
+    steps: int
+    """Global steps per epoch (``len(sampler)``)."""
 
 
 class BalancedBatchSampler:
@@ -158,18 +175,15 @@ class BalancedBatchSampler:
         """Cost per step and rank, shape ``(steps, num_replicas)``: what the balance tests and reports check."""
         return np.array([[self.costs[b].sum() for b in step] for step in self.plan(epoch)])
 
+    def settings(self) -> SamplerSettings:
+        return SamplerSettings(
+            num_samples=len(self.costs), batch_size=self.batch_size, num_replicas=self.num_replicas, seed=self.seed,
+            shuffle=self.shuffle, drop_last=self.drop_last, pool_steps=self.pool_steps, steps=self._num_steps,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": 1,
-            "num_samples": len(self.costs),
-            "batch_size": self.batch_size,
-            "num_replicas": self.num_replicas,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "pool_steps": self.pool_steps,
-            "steps": self._num_steps,
-        }
+        """``settings().to_dict()``: the sampler is not a result, its settings are."""
+        return self.settings().to_dict()
 
 
 def baseline_rank_costs(costs: Sequence[float] | np.ndarray, *, batch_size: int, num_replicas: int, seed: int = 0,

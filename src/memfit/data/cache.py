@@ -25,15 +25,16 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from memfit._io import atomic_open, write_atomic
 from memfit.errors import UsageError
+from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def _json_default(value: Any) -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CacheFill:
+class CacheFill(JsonRecord):
     """Result of :meth:`PreprocessCache.fill`."""
 
     written: int
@@ -69,9 +70,6 @@ class CacheFill:
     """Items already present (a resumed fill)."""
     bytes_on_disk: int
     """Size of the cache directory after the fill."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self)}
 
 
 class PreprocessCache:
@@ -94,9 +92,9 @@ class PreprocessCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         manifest = self.directory / "manifest.json"
         if not manifest.exists():
-            _atomic_write_bytes(manifest, json.dumps(
+            write_atomic(manifest, json.dumps(
                 {"key": self.key, "params": self.params, "format": _FORMAT}, default=_json_default, indent=1
-            ).encode())
+            ), what="the cache manifest")
 
     def path(self, index: int) -> Path:
         return self.directory / f"{int(index):08d}.npz"
@@ -175,16 +173,8 @@ def _to_arrays(value: Any) -> tuple[str, dict[str, np.ndarray]]:
 def _write(path: Path, value: Any) -> None:
     kind, arrays = _to_arrays(value)
     arrays["__kind__"] = np.frombuffer(kind.encode(), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
-            f.flush()
-            os.fsync(f.fileno())  # the rename must not land before the data does
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_open(path, what="a cached item") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
 
 
 def _read(path: Path) -> Any:
@@ -195,10 +185,3 @@ def _read(path: Path) -> Any:
         if kind == "tuple":
             return tuple(data[k] for k in sorted(k for k in data.files if k.startswith("t_")))
         return data["a"]
-
-
-def _atomic_write_bytes(path: Path, payload: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(payload)
-    os.replace(tmp, path)

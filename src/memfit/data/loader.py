@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from memfit.errors import UsageError
+from memfit.records import JsonRecord
 from memfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ DEFAULT_PREFETCH_FACTOR = 2  # torch.utils.data.DataLoader's default when num_wo
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoaderSettings:
+class LoaderSettings(JsonRecord):
     """Suggested DataLoader arguments and why."""
 
     num_workers: int
@@ -54,9 +55,6 @@ class LoaderSettings:
             kwargs["prefetch_factor"] = self.prefetch_factor
             kwargs["persistent_workers"] = self.persistent_workers
         return kwargs
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self)}
 
 
 def _host_facts() -> tuple[int, int, int | None]:

@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from memfit.errors import UsageError
+from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def index_foreground(labels: Sequence[Any], *, max_points: int = 10_000, seed: i
 
 
 @dataclass(frozen=True, kw_only=True)
-class PatchSampler:
+class PatchSampler(JsonRecord):
     """Where patches come from: size, how many are centred on foreground, and the seed."""
 
     patch_size: tuple[int, int, int]
@@ -99,9 +100,6 @@ class PatchSampler:
             raise UsageError(f"patch_size must be three positive ints (z, y, x), got {self.patch_size!r}.")
         if not 0.0 <= self.foreground_fraction <= 1.0:
             raise UsageError(f"foreground_fraction must be in [0, 1], got {self.foreground_fraction}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self)}
 
     def sample(self, shapes: Sequence[tuple[int, int, int]], foreground: ForegroundIndex | None, *, count: int,
                epoch: int = 0) -> np.ndarray:

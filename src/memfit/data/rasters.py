@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from memfit.data._optional import require
-from memfit.data.storage import _PackedStrings
+from memfit.data.storage import PackedStrings
 from memfit.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def grid_windows(
 class _OpenRasters:
     """Per-process cache of open rasters (file handles must not be shared across a fork), at most ``limit``."""
 
-    def __init__(self, paths: _PackedStrings, channel_axis: Any, limit: int) -> None:
+    def __init__(self, paths: PackedStrings, channel_axis: Any, limit: int) -> None:
         self.paths, self.channel_axis, self.limit = paths, channel_axis, limit
         self._pid = os.getpid()
         self._open: OrderedDict[int, RasterSource] = OrderedDict()
@@ -249,7 +249,7 @@ class TileDataset(_torch_dataset_base()):  # type: ignore[misc]
         self.windows = windows
         self.fill = fill
         self.transform = transform
-        self._rasters = _OpenRasters(_PackedStrings([os.fspath(p) for p in paths]), channel_axis, max_open)
+        self._rasters = _OpenRasters(PackedStrings([os.fspath(p) for p in paths]), channel_axis, max_open)
 
     @classmethod
     def grid(

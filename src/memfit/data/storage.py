@@ -21,12 +21,13 @@ import logging
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from memfit.errors import DataLoaderMemoryWarning, UsageError
+from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MIN_ITEMS = 100_000
 
 
-class _PackedStrings:
+class PackedStrings:
     """Variable-length strings as one UTF-8 byte buffer plus offsets: two objects, whatever the row count."""
 
     def __init__(self, values: Sequence[str]) -> None:
@@ -70,7 +71,7 @@ class SampleTable:
     def __init__(self, columns: Mapping[str, Sequence[Any] | np.ndarray]) -> None:
         if not columns:
             raise UsageError("SampleTable needs at least one column; pass e.g. {'path': [...], 'height': [...]}.")
-        self._columns: dict[str, np.ndarray | _PackedStrings] = {}
+        self._columns: dict[str, np.ndarray | PackedStrings] = {}
         length: int | None = None
         for name, values in columns.items():
             column = _to_column(name, values)
@@ -109,7 +110,7 @@ class SampleTable:
     def column(self, name: str) -> np.ndarray:
         """Return a numeric column as its NumPy array (no copy). Text columns cannot be returned this way."""
         column = self._columns[name]
-        if isinstance(column, _PackedStrings):
+        if isinstance(column, PackedStrings):
             raise UsageError(f"Column {name!r} holds text; read it row by row with table[i][{name!r}].")
         return column
 
@@ -123,12 +124,12 @@ class SampleTable:
         return sum(int(c.nbytes) for c in self._columns.values())
 
 
-def _to_column(name: str, values: Sequence[Any] | np.ndarray) -> np.ndarray | _PackedStrings:
+def _to_column(name: str, values: Sequence[Any] | np.ndarray) -> np.ndarray | PackedStrings:
     if isinstance(values, np.ndarray) and values.dtype != object:
         return values
     values = list(values)
     if all(isinstance(v, str) for v in values):
-        return _PackedStrings(values)
+        return PackedStrings(values)
     array = np.asarray(values)
     if array.dtype == object or array.dtype.kind in "US":
         raise UsageError(
@@ -139,7 +140,7 @@ def _to_column(name: str, values: Sequence[Any] | np.ndarray) -> np.ndarray | _P
 
 
 @dataclass(frozen=True, kw_only=True)
-class ContainerFinding:
+class ContainerFinding(JsonRecord):
     """A large Python container found on a Dataset."""
 
     attribute: str
@@ -150,9 +151,6 @@ class ContainerFinding:
     """Number of items in the container."""
     estimated_bytes: int
     """Rough size of the container and its items as Python objects (sampled), i.e. what each worker may copy."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self)}
 
 
 def check_dataset_containers(

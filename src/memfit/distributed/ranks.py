@@ -27,12 +27,16 @@ import os
 import socket
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
+from memfit.records import JsonRecord
 from memfit.units import MiB, format_bytes
 
 logger = logging.getLogger(__name__)
+
+ImbalanceCause = Literal["data_parallel", "foreign_context", "uneven_batches", "unexplained"]
+"""What ``Finding.cause`` holds; ``diagnose`` says when each applies."""
 
 # A CUDA context costs ~217 MiB (2017 reports) to ~1 GiB (recent drivers) (research/techniques.md §5.2); device
 # memory beyond the allocator's reserve by more than this on one GPU, compared with the others, means a context
@@ -44,8 +48,10 @@ DEFAULT_TOLERANCE = 1.15
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankMemory:
+class RankMemory(JsonRecord):
     """Memory of one rank (one process on one GPU). Bytes are ``None`` where they were not measurable."""
+
+    _schema: ClassVar[int | None] = None  # versioned by the RankReport that holds it
 
     rank: int
     """Global rank (``RANK``); 0 outside a distributed job."""
@@ -69,28 +75,26 @@ class RankMemory:
     data_parallel: bool = False
     """The model passed in is (or contains) ``nn.DataParallel``."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class Finding:
+class Finding(JsonRecord):
     """One diagnosed cause of imbalance."""
 
-    cause: str
+    _schema: ClassVar[int | None] = None  # versioned by the RankReport that holds it
+
+    cause: ImbalanceCause
     """``"data_parallel"``, ``"foreign_context"``, ``"uneven_batches"`` or ``"unexplained"``."""
     ranks: tuple[int, ...]
     """The ranks the finding is about (the heavy ones, or the ones missing ``set_device``)."""
     message: str
     fix: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class RankReport:
+class RankReport(JsonRecord):
     """All ranks' memory and the diagnosis, the same on every rank after :func:`gather_rank_memory`."""
+
+    _json_properties: ClassVar[tuple[str, ...]] = ("peak_reserved_spread",)
 
     ranks: tuple[RankMemory, ...]
     findings: tuple[Finding, ...] = field(default_factory=tuple)
@@ -100,14 +104,6 @@ class RankReport:
         """max / min of peak reserved bytes over ranks (1.0 is perfectly balanced)."""
         values = [r.peak_reserved_bytes for r in self.ranks if r.peak_reserved_bytes]
         return max(values) / min(values) if values else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": 1,
-            "ranks": [r.to_dict() for r in self.ranks],
-            "findings": [f.to_dict() for f in self.findings],
-            "peak_reserved_spread": self.peak_reserved_spread,
-        }
 
     def format_table(self) -> str:
         """Plain-text table (one row per rank) followed by the findings; the CLI renders it, the library doesn't."""

@@ -5,8 +5,8 @@ Per rank, DDP keeps a full copy of parameters, gradients and optimizer state, pl
 unit being computed. :func:`model_state_memory` gives both from the model's parameter shapes, term by term, so a
 planner can decide; the terms are checked against real tensors in ``tests/test_shard.py``.
 
-This is the one module that imports FSDP2, whose home moved from ``torch.distributed._composable.fsdp``
-(torch 2.4-2.5) to ``torch.distributed.fsdp`` (2.6+).
+FSDP2 moved from ``torch.distributed._composable.fsdp`` (torch 2.4-2.5) to ``torch.distributed.fsdp`` (2.6+):
+``memfit._torch_private.load_fully_shard`` finds it.
 
 Example:
     >>> import torch
@@ -22,14 +22,16 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn as nn
 
+from memfit import _torch_private as tp
 from memfit.errors import UsageError
+from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
 
@@ -42,21 +44,6 @@ DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 STEP_TENSOR_BYTES = 4
 
 Strategy = Literal["ddp", "fsdp"]
-
-
-def load_fully_shard() -> Callable[..., Any]:
-    """Return ``fully_shard`` from wherever this torch keeps it, or raise naming the torch version needed."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
-    except ImportError:
-        try:
-            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4-2.5
-        except ImportError as exc:
-            raise UsageError(
-                f"FSDP2 (fully_shard) needs torch >= 2.4 with torch.distributed; this is torch {torch.__version__}. "
-                "Upgrade torch or use DistributedDataParallel."
-            ) from exc
-    return fully_shard
 
 
 def find_blocks(model: nn.Module, block_types: Iterable[type[nn.Module]] | None = None) -> list[tuple[str, nn.Module]]:
@@ -87,15 +74,12 @@ def find_blocks(model: nn.Module, block_types: Iterable[type[nn.Module]] | None 
 
 
 @dataclass(frozen=True, kw_only=True)
-class Sharding:
+class Sharding(JsonRecord):
     """What :func:`shard_model` wrapped."""
 
     units: tuple[str, ...]
     """Qualified names of the modules given their own ``fully_shard`` call; the root (``""``) comes last."""
     reshard_after_forward: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self)}
 
 
 def shard_model(
@@ -117,7 +101,7 @@ def shard_model(
             all-gather in backward); ``False`` keeps them to backward (ZeRO-2-like, faster, more memory).
         **fully_shard_kwargs: Passed on (``mesh``, ``mp_policy``, ``offload_policy``).
     """
-    fully_shard = load_fully_shard()
+    fully_shard = tp.load_fully_shard()
     blocks = find_blocks(model, block_types)
     for _name, block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
@@ -129,10 +113,12 @@ def shard_model(
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelStateMemory:
+class ModelStateMemory(JsonRecord):
     """Per-rank bytes of model states under one strategy; every term is a formula of the parameter shapes."""
 
-    strategy: str
+    _json_properties: ClassVar[tuple[str, ...]] = ("resident_bytes", "total_bytes")
+
+    strategy: Strategy
     world_size: int
     optimizer: str
     num_params: int
@@ -161,9 +147,6 @@ class ModelStateMemory:
     def total_bytes(self) -> int:
         """Resident plus transient: what model states add to the per-rank peak, before activations."""
         return self.resident_bytes + self.transient_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, **asdict(self), "resident_bytes": self.resident_bytes, "total_bytes": self.total_bytes}
 
 
 def _state_elements_per_param(optimizer: str, momentum: float, amsgrad: bool, centered: bool) -> tuple[int, bool]:
@@ -258,8 +241,10 @@ def model_state_memory(
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardingComparison:
+class ShardingComparison(JsonRecord):
     """DDP vs FSDP per-rank model-state memory for one model, optimizer and world size."""
+
+    _json_properties: ClassVar[tuple[str, ...]] = ("fsdp_saves_bytes",)
 
     ddp: ModelStateMemory
     fsdp: ModelStateMemory
@@ -267,10 +252,6 @@ class ShardingComparison:
     @property
     def fsdp_saves_bytes(self) -> int:
         return self.ddp.total_bytes - self.fsdp.total_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": 1, "ddp": self.ddp.to_dict(), "fsdp": self.fsdp.to_dict(),
-                "fsdp_saves_bytes": self.fsdp_saves_bytes}
 
 
 def compare_sharding(model: nn.Module, *, world_size: int, **kwargs: Any) -> ShardingComparison:

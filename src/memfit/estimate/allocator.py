@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from memfit.errors import UsageError
 from memfit.estimate.allocator_config import ROUNDUP_INTERVALS, AllocatorConfig
+from memfit.records import JsonRecord
 from memfit.units import MiB, format_bytes
 
 __all__ = ["AllocatorConfig", "CachingAllocator", "Replay", "SimulatedOOM", "replay", "smallest_fitting_capacity"]
@@ -563,7 +564,7 @@ def _roundup_power2_next_division(size: int, divisions: int) -> int:
 
 
 @dataclass(frozen=True)
-class Replay:
+class Replay(JsonRecord):
     """What the allocator's counters said after an event stream (``replay``)."""
 
     peak_allocated_bytes: int
@@ -576,9 +577,6 @@ class Replay:
     """Index of the allocation that ran out of memory under the cap; None if the stream fits."""
     num_alloc_retries: int
     """Times the cache was flushed and a cudaMalloc retried (``num_alloc_retries`` in memory_stats())."""
-
-    def to_dict(self) -> dict[str, object]:
-        return {"schema": 1, **asdict(self)}
 
 
 ALLOC = 1

@@ -29,9 +29,8 @@ import torch
 
 from memfit import _torch_private as tp
 from memfit.estimate.workspaces import (
-    lstm_backward_transient_bytes,
-    lstm_forward_transient_bytes,
-    lstm_reserve_bytes,
+    rnn_reserve_bytes,
+    rnn_transient_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -116,7 +115,7 @@ class _CastCache:
         if t.dtype == dtype:
             return t
         cacheable = (
-            dtype == lower and t.dtype == torch.float32 and t.requires_grad and t.is_leaf and not t._is_view()
+            dtype == lower and t.dtype == torch.float32 and t.requires_grad and t.is_leaf and not tp.is_view(t)
         )
         if not cacheable:
             return t.to(dtype)
@@ -140,7 +139,7 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
 
 
 def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Callable[..., Any]:
-    arg_names = [a.name for a in op._schema.arguments]
+    arg_names = tp.op_argument_names(op)
     dtype_pos = arg_names.index("dtype") if "dtype" in arg_names else None
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -199,73 +198,74 @@ def _cuda_sdpa(
         groups = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
     if query.dim() != 4 or not (query.dtype == key.dtype == value.dtype):
-        return torch.ops.aten._scaled_dot_product_attention_math.default(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale
-        )[0]
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if attn_mask is not None and attn_mask.requires_grad:
         # a learned bias (T5's relative positions): only the memory-efficient kernel returns its grad, so CUDA
         # runs that one (the CPU flash kernel refuses it). Its meta kernel gives CUDA's saved tensors: the
         # output and a log-sum-exp padded to a multiple of 32 queries; in backward, a grad of the expanded bias
         # with its keys padded to a multiple of 16 (tests/test_trace.py checks the kernel and the log-sum-exp on CUDA).
         if attn_mask.dtype != query.dtype:
-            return torch.ops.aten._scaled_dot_product_attention_math.default(
-                query, key, value, attn_mask, dropout_p, is_causal, scale=scale
-            )[0]
+            return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
         bias = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-        return torch.ops.aten._scaled_dot_product_efficient_attention.default(
-            query, key, value, bias, True, dropout_p, is_causal, scale=scale
-        )[0]
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
-    )[0]
-    return out
+        return tp.sdpa_efficient(query, key, value, bias, dropout_p, is_causal, scale)
+    return tp.sdpa_flash_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
-class _CudnnLSTM(torch.autograd.Function):
-    """Allocates what cuDNN's fused LSTM keeps: outputs, a reserve buffer for backward, and its backward
-    transients (memfit.estimate.workspaces has the measured rule). No arithmetic: shapes and lifetimes only."""
+class _CudnnRNN(torch.autograd.Function):
+    """Allocates what cuDNN's fused RNN keeps: outputs, a reserve buffer for backward, and the transients of forward
+    and backward (memfit.estimate.workspaces has the measured rules). No arithmetic: shapes and lifetimes only.
+    ``cx`` is the LSTM's cell state, None for a GRU or a plain RNN."""
 
     @staticmethod
-    def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, layers: int, directions: int,
-                batch_first: bool, *params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None, mode: str, layers: int,
+                directions: int, batch_first: bool, *params: torch.Tensor) -> Any:
         batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
         hidden = hx.shape[-1]
         out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
         output = input.new_empty(out_shape)
+        itemsize = input.element_size()
         workspace = input.new_empty(
-            lstm_forward_transient_bytes(seq, batch, hidden, layers, directions, input.element_size()),
-            dtype=torch.uint8,
+            rnn_transient_bytes(seq, batch, hidden, layers, directions, itemsize, mode, "forward"), dtype=torch.uint8
         )
         del workspace  # taken and given back inside the cuDNN call
-        reserve = input.new_empty(
-            lstm_reserve_bytes(seq, batch, hidden, layers, directions, input.element_size()), dtype=torch.uint8
-        )
-        ctx.save_for_backward(input, hx, cx, output, reserve, *params)
-        ctx.dims = (seq, batch, hidden, layers, directions)
+        reserve = input.new_empty(rnn_reserve_bytes(seq, batch, hidden, layers, directions, itemsize, mode),
+                                  dtype=torch.uint8)
+        ctx.save_for_backward(input, hx, output, reserve, *params)
+        ctx.dims, ctx.mode, ctx.has_cell = (seq, batch, hidden, layers, directions, itemsize), mode, cx is not None
+        if cx is None:
+            return output, hx.new_empty(hx.shape)
         return output, hx.new_empty(hx.shape), cx.new_empty(cx.shape)
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor, grad_hy: torch.Tensor, grad_cy: torch.Tensor) -> Any:
-        input, hx, cx, output, reserve, *params = ctx.saved_tensors
-        seq, batch, hidden, layers, directions = ctx.dims
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_hy: torch.Tensor, *grad_cy: torch.Tensor) -> Any:
+        input, hx, output, reserve, *params = ctx.saved_tensors
+        seq, batch, hidden, layers, directions, itemsize = ctx.dims
         workspace = input.new_empty(
-            lstm_backward_transient_bytes(seq, batch, hidden, layers, directions, input.element_size()),
-            dtype=torch.uint8,
+            rnn_transient_bytes(seq, batch, hidden, layers, directions, itemsize, ctx.mode, "backward"), dtype=torch.uint8
         )
         del workspace  # taken and given back inside the cuDNN call
         grads = [p.new_empty(p.shape) for p in params]
-        return (input.new_empty(input.shape), hx.new_empty(hx.shape), cx.new_empty(cx.shape), None, None, None,
-                *grads)
+        grad_cx = hx.new_empty(hx.shape) if ctx.has_cell else None
+        return (input.new_empty(input.shape), hx.new_empty(hx.shape), grad_cx, None, None, None, None, *grads)
 
 
+# aten/src/ATen/native/RNN.cpp: on CUDA, nn.LSTM, nn.GRU and nn.RNN run cuDNN's fused RNN (_cudnn_rnn) whenever
+# cuDNN accepts the input; on CPU they run layer-by-layer cells, one dispatch per time step, with different
+# saved tensors (and a trace that is slow over long sequences).
 def _cuda_lstm(input: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor], has_biases: bool,
                num_layers: int, dropout: float, train: bool, bidirectional: bool,
                batch_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # aten/src/ATen/native/RNN.cpp: on CUDA, nn.LSTM runs cuDNN's fused RNN (_cudnn_rnn) whenever cuDNN accepts
-    # the input; on CPU it runs layer-by-layer cells with different saved tensors.
     directions = 2 if bidirectional else 1
-    out, hy, cy = _CudnnLSTM.apply(input, hx[0], hx[1], num_layers, directions, batch_first, *params)
-    return out, hy, cy
+    return _CudnnRNN.apply(input, hx[0], hx[1], "LSTM", num_layers, directions, batch_first, *params)
+
+
+def _cuda_rnn(mode: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    def run(input: torch.Tensor, hx: torch.Tensor, params: list[torch.Tensor], has_biases: bool, num_layers: int,
+            dropout: float, train: bool, bidirectional: bool, batch_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        directions = 2 if bidirectional else 1
+        return _CudnnRNN.apply(input, hx, None, mode, num_layers, directions, batch_first, *params)
+
+    return run
 
 
 class CudaSemantics:
@@ -296,6 +296,9 @@ class CudaSemantics:
         lib.impl("dropout", _cuda_dropout, "CompositeImplicitAutograd")
         lib.impl("scaled_dot_product_attention", _cuda_sdpa, "CompositeImplicitAutograd")
         lib.impl("lstm.input", _cuda_lstm, "CompositeImplicitAutograd")
+        lib.impl("gru.input", _cuda_rnn("GRU"), "CompositeImplicitAutograd")
+        lib.impl("rnn_tanh.input", _cuda_rnn("RNN_TANH"), "CompositeImplicitAutograd")
+        lib.impl("rnn_relu.input", _cuda_rnn("RNN_RELU"), "CompositeImplicitAutograd")
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
         self._saved_clear = torch.clear_autocast_cache
         saved, cache = self._saved_clear, self.cache

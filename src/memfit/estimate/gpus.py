@@ -70,11 +70,11 @@ GPUS: dict[str, GpuSpec] = {
     ),
     "h200": GpuSpec(
         name="NVIDIA H200",
-        total_bytes=150_109_880_320,  # measured: get_device_properties(0).total_memory, benchmarks/results
+        total_bytes=150_109_880_320,  # measured: get_device_properties(0).total_memory, benchmarks/results/estimate
         compute_capability=(9, 0),
         # measured: device used - reserved after the protocol, 639-641 MiB for convolution-only nets (no cuBLAS)
-        # and 767-771 MiB for steps that call cuBLAS, torch 2.11 + CUDA 13.0;
-        # benchmarks/results/measurements/*.json, outside_allocator_bytes
+        # and 767-771 MiB for most steps that call cuBLAS (the MLP 751, Swin-UNETR 705), torch 2.11 + CUDA 13.0;
+        # benchmarks/results/estimate/measurements_h200_torch2.11_20261126/*.json, outside_allocator_bytes
         cuda_context_bytes=768 * MiB,
         cublas_context_bytes=128 * MiB,
         cublas_workspace_bytes=_CUBLAS_SM90,

@@ -2,7 +2,7 @@
 
 The smallest memory cap that runs without OOM is found by bisection over
 ``torch.cuda.set_per_process_memory_fraction``, each try in a fresh process so no allocator cache carries over.
-Run ``python -m memfit.measure SPEC [--fraction F]`` to get one try as JSON (what the bisection calls).
+Run ``python -m memfit.estimate.measure SPEC [--cap-bytes N]`` to get one try as JSON (what the bisection calls).
 """
 
 from __future__ import annotations
@@ -13,20 +13,27 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from memfit import _torch_private as tp
+from memfit._io import atomic_open
 from memfit.errors import DeviceError
+from memfit.records import JsonRecord
 from memfit.workload.loading import load_workload
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 
 SCHEMA = 1
+TRIAL_MODULE = "memfit.estimate.measure"
+"""What ``run_trial`` runs with ``python -m``: this module, whose ``__main__`` block runs one trial."""
 
 
 @dataclass(frozen=True)
-class Trial:
+class Trial(JsonRecord):
     """One run of the protocol in its own process, optionally under a memory cap."""
+
+    # a part of a Measurement, versioned by it; the line a trial process prints is read by its parent, the same memfit
+    _schema: ClassVar[int | None] = None
 
     ok: bool
     cap_bytes: int | None
@@ -39,8 +46,10 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(JsonRecord):
     """Measured memory of the protocol on a real GPU."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     workload: str
     batch_size: int
@@ -59,9 +68,6 @@ class Measurement:
     trials: list[Trial] = field(default_factory=list)
     snapshot_path: str | None = None
     schema: int = SCHEMA
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _spec_args(spec: str, batch_size: int | None, precision: str | None,
@@ -88,7 +94,7 @@ def run_trial(
     changes: dict[str, Any] | None = None, allocator_conf: str | None = None,
 ) -> Trial:
     """One protocol run in a fresh Python process (``allocator_conf``: its ``PYTORCH_CUDA_ALLOC_CONF``)."""
-    cmd = [sys.executable, "-m", "memfit.estimate.measure", *_spec_args(spec, batch_size, precision, changes)]
+    cmd = [sys.executable, "-m", TRIAL_MODULE, *_spec_args(spec, batch_size, precision, changes)]
     if cap_bytes is not None:
         cmd += ["--cap-bytes", str(cap_bytes)]
     if snapshot:
@@ -169,8 +175,17 @@ def measure(
     )
 
 
+def _write_snapshot(snap: dict, path: str) -> None:
+    """The allocator's snapshot as the pickle pytorch.org/memory_viz reads, written atomically."""
+    import pickle
+
+    with atomic_open(path, what="the memory snapshot") as f:
+        pickle.dump(snap, f)
+
+
 def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
-    """(action, addr, size, top python frame) per allocator event, gzip JSON: small enough to keep."""
+    """(action, addr, size, top python frame) per allocator event, gzip JSON: small enough to keep. Written
+    atomically, so a trial killed mid-write leaves no truncated gzip for the allocator replays to choke on."""
     import gzip
 
     keep = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
@@ -182,13 +197,13 @@ def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
         where = next((f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in frames
                       if f["filename"].endswith(".py")), "")
         events.append((entry["action"], entry["addr"], entry["size"], where))
-    with gzip.open(path, "wt") as f:
+    with atomic_open(path, what="the allocator trace") as raw, gzip.open(raw, "wt") as f:
         json.dump({"events": events, "stats": {k: v for k, v in stats.items() if k.endswith("peak")}}, f)
 
 
 def _trial_main(argv: list[str] | None = None) -> None:
     """The body of one trial process: run the protocol, print one JSON line."""
-    parser = argparse.ArgumentParser(prog="python -m memfit.measure")
+    parser = argparse.ArgumentParser(prog=f"python -m {TRIAL_MODULE}")
     parser.add_argument("spec")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--precision")
@@ -228,14 +243,11 @@ def _trial_main(argv: list[str] | None = None) -> None:
     if (args.snapshot or args.trace) and ok:
         snap = tp.memory_snapshot()
         if args.snapshot:
-            import pickle
-
-            with open(args.snapshot, "wb") as f:
-                pickle.dump(snap, f)
+            _write_snapshot(snap, args.snapshot)
         if args.trace:
             _write_compact_trace(snap, args.trace, stats)
         tp.record_memory_history(False)
-    print(json.dumps(asdict(Trial(
+    print(Trial(
         ok=ok,
         cap_bytes=args.cap_bytes,
         peak_allocated_bytes=stats.get("allocated_bytes.all.peak", 0),
@@ -244,7 +256,7 @@ def _trial_main(argv: list[str] | None = None) -> None:
         num_alloc_retries=stats.get("num_alloc_retries", 0),
         elapsed_s=time.perf_counter() - started,
         error=error,
-    ))))
+    ).to_json())
 
 
 if __name__ == "__main__":

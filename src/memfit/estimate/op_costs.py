@@ -21,15 +21,15 @@ What a row counts, and why:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from memfit import _torch_private as tp
 from memfit.errors import TraceError
+from memfit.records import JsonRecord, json_as
 
 SCHEMA = 1
 
@@ -163,10 +163,7 @@ class OpCounter:
             return ("ignore",)
         if func.is_view or name in _NO_KERNEL:
             return ("free",)
-        schema = func._schema
-        mutated = tuple(
-            i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
-        )
+        mutated = tp.op_mutated_arguments(func)
         foreach = name.startswith(("_foreach_", "_fused_", "_amp_foreach_"))
         return ("kernel", self._formulas.get(func.overloadpacket), mutated, foreach)
 
@@ -187,7 +184,7 @@ class PhaseCost:
     """FLOPs of checkpointed modules run again in backward (a part of ``flops``)."""
     syncs: int
     """Host syncs (``.item()``): the CPU waits for the GPU."""
-    ops: tuple[OpCost, ...] = field(repr=False)
+    ops: tuple[OpCost, ...] = field(repr=False, metadata=json_as(lambda rows: [list(r) for r in rows]))
     """Every op in program order: the speed model needs their order, not only the totals."""
 
     @classmethod
@@ -210,20 +207,13 @@ class PhaseCost:
     def total_flops(self) -> int:
         return sum(self.flops.values())
 
-    def to_dict(self, *, ops: bool = True) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ops"}
-        d["flops"] = dict(self.flops)
-        if ops:
-            d["ops"] = [list(r) for r in self.ops]
-        return d
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PhaseCost:
         return cls.of([OpCost(*r) for r in d["ops"]])
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepCost:
+class StepCost(JsonRecord):
     """What one micro-batch and one optimizer step cost a GPU, counted on fake tensors (``memfit.estimate.op_costs``).
 
     Read from the steady state: the last micro-batch of the second traced step (the first also creates the
@@ -237,15 +227,22 @@ class StepCost:
         1.89
     """
 
+    _schema: ClassVar[int] = SCHEMA
+
     micro_batch_size: int
+    traced_step: int = 1
+    """The traced step the costs are read from (0-based)."""
     forward: PhaseCost
     """Forward and loss of one micro-batch."""
     backward: PhaseCost
     """Backward of one micro-batch, with the recomputation of checkpointed modules."""
     optimizer: PhaseCost
     """``zero_grad`` and ``optimizer.step()``: once per step, whatever the gradient accumulation."""
-    traced_step: int = 1
-    schema: int = SCHEMA
+
+    @property
+    def schema(self) -> int:
+        """The layout version of ``to_dict``, which ``from_dict`` reads."""
+        return SCHEMA
 
     @classmethod
     def from_trace(cls, trace: Any, micro_batch_size: int) -> StepCost:
@@ -275,15 +272,6 @@ class StepCost:
             micro_batch_size=micro_batch_size, forward=PhaseCost.of(forward), backward=PhaseCost.of(backward),
             optimizer=PhaseCost.of(optimizer), traced_step=step,
         )
-
-    def to_dict(self, *, ops: bool = True) -> dict[str, Any]:
-        """JSON-ready; ``ops=False`` keeps only the totals (what ``Estimate.to_dict`` shows)."""
-        return {
-            "schema": SCHEMA,
-            "micro_batch_size": self.micro_batch_size,
-            "traced_step": self.traced_step,
-            **{p: getattr(self, p).to_dict(ops=ops) for p in ("forward", "backward", "optimizer")},
-        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepCost:
@@ -367,9 +355,9 @@ def _nhwc_native(x: torch.Tensor) -> bool:
 
     2-D convolutions run on NHWC tensor-core kernels (16-bit, and TF32 for fp32); 3-D convolutions have native
     NCDHW kernels, and a channels_last_3d input is converted instead. Measured on an H200, torch 2.11
-    (benchmarks/results/speed_model_h200_20261126.md, plan_quality_h200_20261126.md): ResNet-50 channels_last
-    20 % faster in bf16 and 18-24 % faster in fp32 at micro-batches 32-64; a 3-D U-Net (fp16, 128³)
-    channels_last_3d 23 % slower.
+    (benchmarks/results/speed/speed_model_h200_torch2.11_20261126.md and the plan grid,
+    benchmarks/results/plan/plan_grid_h200_torch2.11_20261126/): ResNet-50 channels_last 20 % faster in bf16 and
+    18-24 % faster in fp32 at micro-batches 32-64; a 3-D U-Net (fp16, 128³) channels_last_3d 23 % slower.
     """
     return x.dim() == 4
 

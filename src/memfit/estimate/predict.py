@@ -8,27 +8,26 @@ allocated, peak reserved, the smallest memory cap that runs without OOM, and wha
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from memfit.estimate.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
 from memfit.estimate.bound import Uncertainty, upper_bound
+from memfit.estimate.categories import TRACED_CATEGORIES, MemoryCategory, TracedCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.op_costs import StepCost
-from memfit.estimate.trace import CATEGORIES, trace_workload
-from memfit.records import JsonRecord
+from memfit.estimate.trace import Trace, trace_workload
+from memfit.records import JsonRecord, json_as
 from memfit.workload.protocol import DEFAULT_STEPS
 from memfit.workload.spec import Workload
-
-if TYPE_CHECKING:
-    from memfit.estimate.op_costs import StepCost
 
 SCHEMA = 1
 _TIMELINE_POINTS = 1500
 # Where cudaMalloc places each segment decides best-fit ties and so fragmentation; no CPU trace knows it. Real
 # H200 traces replayed without their addresses were off by up to 4 % in reserved bytes (docs/allocator.md), and
-# fits_in without a margin came out 3.4 % low on the worst of 13 suite workloads
-# (benchmarks/results/estimate_accuracy_h200_20261126.md): fits_in carries this margin on top of the replay.
+# fits_in without a margin came out 3.4 % low on the worst of 14 suite workloads
+# (benchmarks/results/estimate/estimate_accuracy_h200_torch2.11_20261126.md, fits_in_replay): fits_in carries this
+# margin on top of the replay.
 FITS_IN_MARGIN = 0.015
 _SEGMENT = 2 << 20
 _LARGEST = 12
@@ -39,7 +38,7 @@ class TensorAtPeak:
     """A tensor alive at the peak."""
 
     nbytes: int
-    category: str
+    category: TracedCategory
     module: str
     op: str
     shape: tuple[int, ...]
@@ -56,8 +55,18 @@ class TimelinePoint:
     allocated_bytes: int
     phase: str
     step: int
-    by_category: dict[str, int] = field(default_factory=dict)
-    """``allocated_bytes`` split by category (every name in ``memfit.estimate.trace.CATEGORIES``); the values sum to it."""
+    by_category: dict[TracedCategory, int] = field(default_factory=dict)
+    """``allocated_bytes`` split by category (every ``TracedCategory``); the values sum to it."""
+
+
+def _cost_totals(cost: StepCost | None) -> dict[str, Any] | None:
+    """The cost as ``Estimate.to_dict`` writes it: the totals a report needs, not the per-op rows (thousands)."""
+    if cost is None:
+        return None
+    d = cost.to_dict()
+    for phase in ("forward", "backward", "optimizer"):
+        del d[phase]["ops"]
+    return d
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ class Estimate(JsonRecord):
     """The same cap as the allocator replay finds it, before the margin."""
     device_bytes: int
     """``fits_in_bytes`` plus the CUDA context and other memory outside the allocator: what the GPU must have."""
-    breakdown: dict[str, int]
+    breakdown: dict[MemoryCategory, int]
     """Bytes by category at the allocated peak, plus ``fragmentation`` (fits_in - peak allocated)."""
     activations_by_module: dict[str, int]
     """Activation bytes held for backward at the end of the last forward, by module (qualified name)."""
@@ -99,7 +108,7 @@ class Estimate(JsonRecord):
     param_count: int
     steps: int
     warnings: list[str] = field(default_factory=list)
-    cost: StepCost | None = None
+    cost: StepCost | None = field(default=None, metadata=json_as(_cost_totals))
     """FLOPs, bytes, kernels and dispatches of one steady-state micro-batch and optimizer step, for
     ``memfit.speed.step_time.predict_step_time``. ``to_dict`` keeps its totals, not its per-op rows."""
     elapsed_s: float = 0.0
@@ -116,13 +125,6 @@ class Estimate(JsonRecord):
     uncertainty: list[Uncertainty] = field(default_factory=list, kw_only=True)
     """What widened the upper bound beyond the base margin, with where it happened."""
 
-    def to_dict(self) -> dict[str, Any]:
-        # the cost's per-op rows stay out (thousands of them): its totals are what a report needs
-        d = asdict(replace(self, cost=None))
-        d["cost"] = self.cost.to_dict(ops=False) if self.cost is not None else None
-        d["schema"] = self._schema
-        return d
-
     def margin_bytes(self, budget_bytes: int) -> int:
         """Budget minus ``device_upper_bytes``: positive means it fits, with that much to spare."""
         return budget_bytes - self.device_upper_bytes
@@ -138,7 +140,7 @@ def estimate(
     gpu: str | GpuSpec | None = None,
     allocator: AllocatorConfig | None = None,
     steps: int = DEFAULT_STEPS,
-    reuse_trace: Any = None,
+    reuse_trace: Trace | None = None,
 ) -> Estimate:
     """Predict the peak GPU memory of ``workload``'s training step, on any machine, without touching a GPU.
 
@@ -219,7 +221,7 @@ def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorCo
     live = _live_before(events, sizes, peak_index + 1)
 
     allocs = trace.allocs
-    breakdown: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+    breakdown: dict[TracedCategory, int] = dict.fromkeys(TRACED_CATEGORIES, 0)
     for key, size in live.items():
         cat = allocs[key].category
         breakdown[cat] = breakdown.get(cat, 0) + size
@@ -281,7 +283,7 @@ def _timeline(
         chunk = allocated_after[start : start + bucket]
         kept.append(start + max(range(len(chunk)), key=chunk.__getitem__))
     allocs = trace.allocs
-    running = dict.fromkeys(CATEGORIES, 0)
+    running = dict.fromkeys(TRACED_CATEGORIES, 0)
     points = []
     marks = trace.phase_marks
     m = 0

@@ -25,6 +25,7 @@ import torch
 from memfit import _torch_private as tp
 from memfit.errors import TraceError, WorkloadError
 from memfit.estimate import workspaces as ws
+from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.op_costs import OpCost, OpCounter
@@ -33,9 +34,6 @@ from memfit.workload.spec import Workload
 
 log = logging.getLogger(__name__)
 
-CATEGORIES = (
-    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
-)
 
 # ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
 _CUBLAS_OPS = frozenset(
@@ -54,7 +52,7 @@ class Alloc:
     step: int
     shape: tuple[int, ...]
     dtype: str
-    category: str
+    category: TracedCategory
     optional: bool = False
     """A library workspace that the library does without when memory is short (cuDNN picks another algorithm)."""
 
@@ -149,9 +147,10 @@ class _InPlaceForeachOps(dict):
     """func -> whether it is an in-place foreach op that returns nothing (``_foreach_mul_``), by its schema."""
 
     def __missing__(self, func: Any) -> bool:
-        schema = func._schema
+        name = tp.op_short_name(func)
         self[func] = answer = (
-            schema.name.startswith("aten::_foreach_") and schema.name.endswith("_") and not schema.returns
+            func.namespace == "aten" and name.startswith("_foreach_") and name.endswith("_")
+            and tp.op_returns_nothing(func)
         )
         return answer
 
@@ -193,7 +192,7 @@ class _Recorder(tp.TorchDispatchMode):
         self.trace.phase_marks.append((len(self.trace.ops), name, step))
         self.costs.set_phase(name, step)
 
-    def _default_category(self) -> str:
+    def _default_category(self) -> TracedCategory:
         if self.phase == "data":
             return "data"
         if self.phase in ("forward", "loss"):
@@ -202,7 +201,7 @@ class _Recorder(tp.TorchDispatchMode):
             return "activations"  # recomputation of checkpointed modules
         return "temporaries"
 
-    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: str | None = None) -> int:
+    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: TracedCategory | None = None) -> int:
         key = len(self.trace.allocs)
         module = self.module_stack[-1] if self.module_stack else ("(loss)" if self.phase == "loss" else "")
         self.trace.allocs.append(
@@ -243,9 +242,10 @@ class _Recorder(tp.TorchDispatchMode):
         the first. ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) does ``old.add_(new)``
         when ``old`` is a plain dense tensor that only the buffer holds, and ``old + new`` otherwise; fake tensors
         are tensor-subclass-like, so under a trace it always takes the second path, one buffer too many (the
-        190 MiB of a tied embedding in benchmarks/results/explain_cases_h200_20261126.md). The sum's storage
-        takes over ``old``'s allocation here. Told apart from an ``add`` inside a derivative formula by where
-        ``old`` was made: under an earlier node of this backward (the formula's own tensors are the node's).
+        190 MiB of a tied embedding in benchmarks/results/explain/explain_cases_h200_torch2.11_20261126.md). The
+        sum's storage takes over ``old``'s allocation here. Told apart from an ``add`` inside a derivative formula
+        by where ``old`` was made: under an earlier node of this backward (the formula's own tensors are the
+        node's).
 
         Only where the sum becomes a parameter's grad (the node feeds an ``AccumulateGrad``): applied to every
         junction, it made the H200 suite's predictions worse where they had matched (MONAI Swin-UNETR's
@@ -284,7 +284,7 @@ class _Recorder(tp.TorchDispatchMode):
             self._finalizers.pop(key).detach()
             self._born_in_node.pop(key, None)
 
-    def mark(self, t: torch.Tensor | None, category: str) -> None:
+    def mark(self, t: torch.Tensor | None, category: TracedCategory) -> None:
         if t is None:
             return
         key = self._live.get(t.untyped_storage())
@@ -300,7 +300,7 @@ class _Recorder(tp.TorchDispatchMode):
         kwargs = kwargs or {}
         if self.silent:
             return func(*args, **kwargs)
-        name = func._schema.name.split("::")[-1]
+        name = tp.op_short_name(func)
         if name in _CUBLAS_OPS:
             self._maybe_cublas_workspace()
         if _IN_PLACE_FOREACH[func] and _no_constants(args):
@@ -326,7 +326,7 @@ class _Recorder(tp.TorchDispatchMode):
                 raise
             out = self._data_dependent_scalar(args[0])
         except tp.UnsupportedOperatorException as exc:
-            if not func._schema.returns:
+            if tp.op_returns_nothing(func):
                 # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
                 # torch 2.13): there is no output to fake and no storage to track
                 out = None
@@ -346,7 +346,7 @@ class _Recorder(tp.TorchDispatchMode):
             return out
         if name == "convolution_backward":
             # measured: one layout-conversion block per backward (the data and filter calls share it), sized
-            # like the forward one (benchmarks/results/cudnn_calibration_h200_20261126.json, bwd_ws)
+            # like the forward one (benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json, bwd_ws)
             for t in out:
                 if t is not None:
                     self.track(t, name)
@@ -476,8 +476,9 @@ class _OldObjectsFrozen:
 
     A trace makes many short-lived objects, so the collector runs often, and each full collection walks every
     object in the process: torch, torch._dynamo and the model's libraries (450k objects with MONAI and
-    transformers). On the MONAI Swin-UNETR estimate those walks took 1.1 s of 12 on a 2-core machine
-    (benchmarks/results/estimate_time_cpu_20261126.md). ``gc.freeze()`` leaves the old objects out. It does not
+    transformers). On the MONAI Swin-UNETR estimate those walks took 0.7-1.1 s of 12 on a 2-core machine
+    (benchmarks/results/estimate_time_cpu_20261126.md, in git history at commit 5724dc6). ``gc.freeze()`` leaves
+    the old objects out. It does not
     move a free in the trace: fake storages go by reference count (none of the benchmark suite's 13 workloads
     frees one from the collector), and ``freeze(collect=True)`` after building frees garbage from building first
     instead of keeping it frozen to the end.
@@ -627,19 +628,19 @@ def _build_model(factory: Any, recorder: _Recorder) -> Any:
         real = factory()
     twins: dict[int, torch.Tensor] = {}
 
-    def twin(t: torch.Tensor) -> torch.Tensor:
+    def twin(t: torch.Tensor, parameter: bool) -> torch.Tensor:
         if id(t) not in twins:
             fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
-            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if isinstance(t, torch.nn.Parameter) else fake
+            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if parameter else fake
         return twins[id(t)]
 
+    # setattr on a registered name replaces the tensor and keeps its registration (a buffer stays persistent or
+    # not); each list is read whole before the first replacement
     for module in real.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                module._parameters[name] = twin(p)
-        for name, b in module._buffers.items():
-            if b is not None:
-                module._buffers[name] = twin(b)
+        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(p, parameter=True))
+        for name, b in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(b, parameter=False))
     nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
     msg = (f"the model's constructor sizes a tensor by tensor values ({op}), which fake tensors do not have: "
            f"memfit built it for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies "

@@ -11,15 +11,16 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from memfit.errors import MemfitError
 from memfit.estimate.allocator import AllocatorConfig
+from memfit.estimate.categories import MemoryCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
 from memfit.explain.fixes import Fix, FixContext, combine_fixes, find_fixes
-from memfit.explain.oom_diagnosis import diagnose_oom
+from memfit.explain.oom_diagnosis import OomDiagnosis, diagnose_oom
 from memfit.explain.oom_message import parse_oom_message
 from memfit.records import JsonRecord
 from memfit.units import format_bytes
@@ -35,8 +36,7 @@ SCHEMA = 1
 class Part:
     """One category of the memory at the peak."""
 
-    category: str
-    """params, buffers, grads, optimizer_state, activations, temporaries, workspaces, data, fragmentation."""
+    category: MemoryCategory
     nbytes: int
     share: float
     """Of ``fits_in_bytes`` (the memory the step needs)."""
@@ -96,7 +96,7 @@ class Explanation(JsonRecord):
     """With a budget the step does not fit: the cheapest set of fixes that makes it fit, re-estimated together."""
     not_helping: list[Fix] = field(default_factory=list)
     """Fixes tried that do not lower the need (e.g. a smaller micro-batch when the peak is in the optimizer)."""
-    oom: dict[str, Any] | None = None
+    oom: OomDiagnosis | None = None
     """The parsed CUDA OOM message and its diagnosis, when one was given."""
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
@@ -105,7 +105,7 @@ class Explanation(JsonRecord):
 
 # ----------------------------------------------------------------------------------------------- explain()
 
-_CATEGORY_WORDS = {
+_CATEGORY_WORDS: dict[MemoryCategory, str] = {
     "params": "parameters",
     "buffers": "buffers",
     "grads": "gradients",
@@ -116,7 +116,7 @@ _CATEGORY_WORDS = {
     "workspaces": "library workspaces",
     "fragmentation": "fragmentation",
 }
-_SINGULAR = frozenset({"optimizer_state", "data", "fragmentation"})
+_SINGULAR: frozenset[MemoryCategory] = frozenset({"optimizer_state", "data", "fragmentation"})
 
 
 def explain(
@@ -157,9 +157,7 @@ def explain(
     tried = find_fixes(ctx, trace) if fixes else []
     found = [f for f in tried if f.saving_bytes > 0]
     combination = combine_fixes(ctx, found) if fixes and budget_bytes is not None else None
-    oom = None
-    if oom_text is not None:
-        oom = diagnose_oom(parse_oom_message(oom_text), base).to_dict()
+    oom = diagnose_oom(parse_oom_message(oom_text), base) if oom_text is not None else None
     when, why = _peak_story(base, workload)
     notes = list(base.warnings)
     if budget_bytes is not None and base.device_bytes > budget_bytes and fixes and combination is None and not any(

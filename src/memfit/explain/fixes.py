@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from memfit.errors import MemfitError
 from memfit.estimate.allocator import AllocatorConfig
@@ -25,6 +25,18 @@ from memfit.workload.spec import Workload
 
 logger = logging.getLogger(__name__)
 
+FixKind = Literal[
+    "micro_batch", "precision", "checkpointing", "channels_last", "optimizer", "expandable_segments", "patch",
+    "combined",
+]
+"""Which knob a fix turns (``combined``: several fixes together)."""
+TrainingChange = Literal["no", "numerics", "semantics"]
+"""How much a fix changes training: ``no`` (same mathematics), ``numerics`` (same algorithm, other rounding) or
+``semantics`` (e.g. BatchNorm statistics over smaller batches, less context per patch)."""
+FIX_KINDS: tuple[FixKind, ...] = get_args(FixKind)
+TRAINING_CHANGES: tuple[TrainingChange, ...] = get_args(TrainingChange)
+"""From the least change to the most."""
+
 
 @dataclass(frozen=True)
 class Fix:
@@ -32,8 +44,7 @@ class Fix:
 
     name: str
     """Short, imperative: ``micro-batch 2 × 4 accumulation``."""
-    knob: str
-    """micro_batch, precision, checkpointing, channels_last, optimizer, expandable_segments, patch, combined."""
+    knob: FixKind
     changes: dict[str, Any]
     """The Workload fields changed (``Workload.replace(**changes)`` reproduces it)."""
     allocator: str | None
@@ -49,9 +60,7 @@ class Fix:
     """Predicted step time relative to the current step (1.25 = 25 % slower); None where no model says."""
     speed_cost: str
     """What it costs in speed, in words."""
-    changes_training: str
-    """``no`` (same mathematics), ``numerics`` (same algorithm, other rounding) or ``semantics`` (e.g. BatchNorm
-    statistics over smaller batches, less context per patch)."""
+    changes_training: TrainingChange
     caveat: str = ""
     fits_budget: bool | None = None
 
@@ -83,7 +92,7 @@ class FixContext:
         return predict_step_time(self.base.cost, self.gpu, accumulation=self.workload.accumulation_steps).step_time_s
 
 
-_COST_ORDER = {"no": 0, "numerics": 1, "semantics": 2}
+_COST_ORDER = {change: rank for rank, change in enumerate(TRAINING_CHANGES)}
 
 
 def _make_fix(ctx: FixContext, est: Estimate, **fields: Any) -> Fix:

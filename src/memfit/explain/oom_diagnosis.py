@@ -1,7 +1,7 @@
 """Say what a CUDA out-of-memory message means: which memory was short, why, and what to do about it.
 
-``diagnose_oom`` reads the numbers of an ``OomMessage`` (``memfit.explain.oom_message``, which re-exports it) and,
-when given, a workload's ``Estimate``. Each finding states only what the numbers show, with the arithmetic
+``diagnose_oom`` reads the numbers of an ``OomMessage`` (``memfit.explain.oom_message``) and, when given, a
+workload's ``Estimate``. Each finding states only what the numbers show, with the arithmetic
 behind it, most important first: a request larger than the GPU, a per-process cap, memory other processes
 hold, fragmentation (reserved but unallocated), memory outside PyTorch's allocator, else "the step needs more
 memory than the GPU gives it"; then where the GPU's memory went. docs/explain_oom.md explains each finding
@@ -11,17 +11,24 @@ and its sources.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
+from memfit.explain.oom_message import SCHEMA, OomMessage
+from memfit.records import JsonRecord
 from memfit.units import format_bytes
 
-# Types only: estimate imports torch (a message is explained without it), and memfit.explain.oom_message re-exports
-# diagnose_oom, so importing it here while loading would be circular.
+# Types only: memfit.estimate.predict imports torch, and a message is explained without it.
 if TYPE_CHECKING:
     from memfit.estimate.predict import Estimate
-    from memfit.explain.oom_message import OomMessage
 
-__all__ = ["OomDiagnosis", "diagnose_oom"]
+__all__ = ["OOM_CAUSES", "OomCause", "OomDiagnosis", "diagnose_oom"]
+
+OomCause = Literal[
+    "request_exceeds_gpu", "memory_cap", "other_processes", "fragmentation", "memory_outside_pytorch",
+    "needs_more_memory", "outside_allocator", "estimate_exceeds_gpu", "estimate_fits",
+]
+"""What ``OomDiagnosis.causes`` holds; docs/explain_oom.md explains each."""
+OOM_CAUSES: tuple[OomCause, ...] = get_args(OomCause)
 
 # Reserved-but-unallocated memory counts as fragmentation from this share of the reserve (or when it alone
 # exceeds the request): below it the allocator's normal slack explains it (rounding, 2 MiB small-block
@@ -35,27 +42,24 @@ OTHER_PROCESSES_SHARE = 0.10
 # of printed numbers allow 1 % (a request printed equal to the cap did pass it: the allocator rounds up).
 _ROUNDING = 0.01
 # The findings that name a cause; without one of them the verdict says what filled the GPU.
-_CAUSES = {"request_exceeds_gpu", "other_processes", "memory_cap", "fragmentation"}
+_CAUSES: frozenset[OomCause] = frozenset({"request_exceeds_gpu", "other_processes", "memory_cap", "fragmentation"})
 _SHRINK = ("shrink its peak (smaller batch, activation checkpointing, lower precision, sharded optimizer "
            "state) or use a larger GPU")
 
 
 @dataclass(frozen=True, kw_only=True)
-class OomDiagnosis:
+class OomDiagnosis(JsonRecord):
     """What an OOM message means, as plain sentences, most important first."""
+
+    _schema: ClassVar[int] = SCHEMA  # one version for the message and its diagnosis
 
     message: OomMessage
     findings: list[str]
     """Sentences a user can act on; only what the numbers show."""
-    causes: list[str]
+    causes: list[OomCause]
     """Machine-readable tags, most important first: "request_exceeds_gpu", "memory_cap", "other_processes",
     "fragmentation", "memory_outside_pytorch", "needs_more_memory", "outside_allocator", and with an estimate
     "estimate_exceeds_gpu" or "estimate_fits"."""
-
-    def to_dict(self) -> dict[str, Any]:
-        message = self.message.to_dict()  # carries the schema version the two results share
-        return {"schema": message["schema"], "message": message, "findings": list(self.findings),
-                "causes": list(self.causes)}
 
 
 def diagnose_oom(message: OomMessage, estimate: Estimate | None = None) -> OomDiagnosis:
@@ -70,7 +74,7 @@ def diagnose_oom(message: OomMessage, estimate: Estimate | None = None) -> OomDi
         ['fragmentation']
     """
     findings: list[str] = []
-    causes: list[str] = []
+    causes: list[OomCause] = []
     m = message
     if m.torch_format == "request over 1 EB":
         causes.append("request_exceeds_gpu")
@@ -110,7 +114,7 @@ def diagnose_oom(message: OomMessage, estimate: Estimate | None = None) -> OomDi
     return OomDiagnosis(message=m, findings=findings, causes=causes)
 
 
-def _diagnose_allocator(m: OomMessage, findings: list[str], causes: list[str]) -> None:
+def _diagnose_allocator(m: OomMessage, findings: list[str], causes: list[OomCause]) -> None:
     req, total, free = m.tried_to_allocate_bytes, m.total_capacity_bytes, m.free_bytes
     alloc, reserved, cap = m.allocated_by_pytorch_bytes, m.reserved_by_pytorch_bytes, m.memory_cap_bytes
     unalloc = m.reserved_unallocated_bytes
@@ -204,7 +208,7 @@ def _diagnose_allocator(m: OomMessage, findings: list[str], causes: list[str]) -
 
 
 def _fragmentation(
-    m: OomMessage, reserved: int, unalloc: int, findings: list[str], causes: list[str]
+    m: OomMessage, reserved: int, unalloc: int, findings: list[str], causes: list[OomCause]
 ) -> None:
     req, fmt = m.tried_to_allocate_bytes, format_bytes
     share = unalloc / reserved
@@ -229,7 +233,7 @@ def _fragmentation(
     )
 
 
-def _verdict(m: OomMessage, other_total: int, causes: list[str]) -> str | None:
+def _verdict(m: OomMessage, other_total: int, causes: list[OomCause]) -> str | None:
     """Without a named cause: memory outside PyTorch's allocator, or PyTorch's own tensors, filled the GPU."""
     req, total, free = m.tried_to_allocate_bytes, m.total_capacity_bytes, m.free_bytes
     alloc = m.allocated_by_pytorch_bytes
@@ -288,7 +292,7 @@ def _where_it_went(m: OomMessage, this: int | None, other_total: int) -> str:
     return f"Where the GPU's {format_bytes(total)} went: {shown}.{note}"
 
 
-def _compare_estimate(m: OomMessage, est: Estimate, findings: list[str], causes: list[str]) -> None:
+def _compare_estimate(m: OomMessage, est: Estimate, findings: list[str], causes: list[OomCause]) -> None:
     fmt = format_bytes
     # What PyTorch could have held when it failed: its reserve plus what was free (cudaMallocAsync: allocated
     # plus free, its cache unknown), no more than the cap.

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from memfit.errors import UsageError
+from memfit.records import JsonRecord
 from memfit.units import parse_bytes
 
 __all__ = ["OomMessage", "load_oom_text", "parse_oom_message"]
@@ -105,8 +106,10 @@ _EXCERPT_BYTES = 16 << 10  # the longest message (many processes listed) is well
 
 
 @dataclass(frozen=True, kw_only=True)
-class OomMessage:
+class OomMessage(JsonRecord):
     """The numbers of one out-of-memory message. ``None`` where the message does not say."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     torch_format: str
     """Which message family matched: "torch<=2.0", "torch 2.1", "torch>=2.2", "... (ROCm)", "... (truncated)",
@@ -139,8 +142,27 @@ class OomMessage:
     expandable_segments_hint: bool = False
     """The message suggests expandable_segments (printed whether or not it is already on, pytorch#173049)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
+    def sizes(self) -> list[tuple[str, int]]:
+        """The sizes the message states, labelled in words, in the order a reader needs them (for reports)."""
+        rows = [(label, getattr(self, name)) for name, label in _SIZE_LABELS if getattr(self, name) is not None]
+        others = [b for _, b in self.other_processes if b is not None]
+        if others:
+            rows.append((f"other processes ({len(self.other_processes)})", sum(others)))
+        return rows
+
+
+# OomMessage fields -> how a report labels them
+_SIZE_LABELS = (
+    ("tried_to_allocate_bytes", "tried to allocate"),
+    ("total_capacity_bytes", "GPU capacity"),
+    ("free_bytes", "free on the GPU"),
+    ("allocated_by_pytorch_bytes", "allocated by PyTorch"),
+    ("reserved_by_pytorch_bytes", "reserved by PyTorch"),
+    ("reserved_unallocated_bytes", "reserved but unallocated"),
+    ("private_pools_bytes", "in private pools (CUDA Graphs)"),
+    ("this_process_bytes", "this process, all memory"),
+    ("memory_cap_bytes", "per-process cap"),
+)
 
 
 def load_oom_text(arg: str) -> str:

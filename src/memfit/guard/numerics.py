@@ -5,8 +5,9 @@ nothing applied), and knowing it on the host needs a device-to-host copy. Where 
 
 - ``bool(torch.isfinite(losses).all())`` after the last backward makes the host wait for the *whole* backward,
   then launch the optimizer into an idle GPU: the optimizer's Python and launch time become GPU idle time
-  (measured +1.3 % step time on an H200 for a 168M-parameter GPT at micro-batch 16, torch 2.11, see
-  ``benchmarks/results/guard_nvidia-h200_20261126.md``).
+  (measured +2.3 % step time over a hand-written loop on an H200 for a 168M-parameter GPT at micro-batch 16,
+  torch 2.11: ``benchmarks/guard_benchmark.py`` check (c), commit b6c4879; with the copy below, -1.6 %,
+  ``benchmarks/results/guard/guard_h200_torch2.11_20261126.md``).
 - Queued right after the last *forward*, into pinned host memory, with an event behind it, the copy completes
   while the GPU runs the last backward. The host waits on that event only after it has queued the backward, so
   the GPU still has the backward to run and never idles.

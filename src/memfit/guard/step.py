@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -28,13 +28,14 @@ from memfit.guard.numerics import LossWatch
 from memfit.guard.oom import is_oom
 from memfit.guard.rollback import Snapshot, memory_in_use, resolve_device
 from memfit.guard.sizing import MicroBatchSizer
+from memfit.records import NOT_IN_JSON, JsonRecord
 from memfit.units import format_bytes
+from memfit.workload.spec import PRECISIONS, Precision, default_forward
 
 __all__ = ["GuardConfig", "StepMetrics", "TrainStep"]
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "bf16", "fp16"]
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
 
 _SCHEMA = 1
@@ -61,8 +62,8 @@ class GuardConfig:
     """Distributed only: how long a rank waits for the others before raising RankAgreementError."""
 
     def __post_init__(self) -> None:
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise UsageError(f"precision must be 'fp32', 'bf16' or 'fp16', got {self.precision!r}.")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise UsageError(f"micro_batch_size must be at least 1 or None, got {self.micro_batch_size}.")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
@@ -76,8 +77,12 @@ class GuardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepMetrics:
+class StepMetrics(JsonRecord):
     """What one guarded step did. ``loss`` and ``grad_norm`` sync with the device only when read."""
+
+    _schema: ClassVar[int] = _SCHEMA
+    # the tensors stay on the device; the JSON carries their values (reading them syncs)
+    _json_properties: ClassVar[tuple[str, ...]] = ("loss", "grad_norm")
 
     step: int
     """Optimizer steps taken before this one (0 for the first step)."""
@@ -93,9 +98,9 @@ class StepMetrics:
     """True when no update was applied: non-finite loss with on_nonfinite="skip", or GradScaler found inf/NaN."""
     skip_reason: str | None
     """Why the step was skipped, if it was."""
-    loss_tensor: torch.Tensor | None
+    loss_tensor: torch.Tensor | None = field(metadata=NOT_IN_JSON)
     """This rank's batch loss (the weighted sum of micro-batch losses), detached, on the device."""
-    grad_norm_tensor: torch.Tensor | None
+    grad_norm_tensor: torch.Tensor | None = field(metadata=NOT_IN_JSON)
     """Global gradient norm before clipping, when max_grad_norm is set."""
 
     @property
@@ -108,21 +113,6 @@ class StepMetrics:
         """The gradient norm before clipping as a float (a host sync), or None without clipping."""
         return None if self.grad_norm_tensor is None else float(self.grad_norm_tensor)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready view (syncs to read the loss)."""
-        return {
-            "schema": _SCHEMA,
-            "step": self.step,
-            "micro_batch_size": self.micro_batch_size,
-            "micro_batches": self.micro_batches,
-            "samples": self.samples,
-            "ooms": self.ooms,
-            "skipped": self.skipped,
-            "skip_reason": self.skip_reason,
-            "loss": self.loss,
-            "grad_norm": self.grad_norm,
-        }
-
 
 @dataclass(frozen=True)
 class _Failure:
@@ -133,14 +123,6 @@ class _Failure:
     message: str
     allocated_bytes: int | None
     reserved_bytes: int | None
-
-
-def _default_forward(module: nn.Module, micro_batch: Any) -> Any:
-    if isinstance(micro_batch, dict):
-        return module(**micro_batch)
-    if isinstance(micro_batch, (tuple, list)):
-        return module(micro_batch[0])
-    return module(micro_batch)
 
 
 class TrainStep:
@@ -186,7 +168,7 @@ class TrainStep:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.forward_fn = forward_fn or _default_forward
+        self.forward_fn = forward_fn or default_forward
         self.splitter: microbatch.BatchSplitter = splitter or microbatch.TensorSplitter()
         self.count_fn = count_fn or self.splitter.size
         # "cuda" becomes "cuda:<current>" here, once: several CUDA calls reject a device without an index.

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from memfit._io import check_output_path, write_atomic
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
@@ -26,18 +27,18 @@ from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
 from memfit.guard.step import TrainStep
 from memfit.records import JsonRecord
-from memfit.speed.step_time import PhaseCost, predict_step_time
+from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
 from memfit.workload.knobs import apply_checkpointing, checkpoint_choices, model_facts, set_optimizer_impl
-from memfit.workload.spec import Workload
+from memfit.workload.spec import OptimizerImpl, Precision, Workload
 
 logger = logging.getLogger(__name__)
 
 SCHEMA = 1
 DEFAULT_MARGIN = 0.02
 """The plan keeps ``device_bytes <= budget × (1 - margin)``. On top of the estimator's own 1.5 % placement
-margin (``estimate.FITS_IN_MARGIN``), it absorbs the estimator's measured error (peak allocated within 2.1 %,
-benchmarks/results/estimate_accuracy_h200_20261126.md)."""
+margin (``memfit.estimate.predict.FITS_IN_MARGIN``), it absorbs the estimator's measured error (peak allocated within
+2.1 %, benchmarks/results/estimate/estimate_accuracy_h200_torch2.11_20261126.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,9 +47,9 @@ class Config:
 
     micro_batch: int
     accumulation_steps: int
-    precision: str
+    precision: Precision
     checkpoint: tuple[str, ...] = ()
-    optimizer_impl: str = "default"
+    optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
     expandable_segments: bool = False
     patch_size: tuple[int, ...] | None = None
@@ -131,14 +132,13 @@ class Plan(JsonRecord):
 
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the plan as versioned JSON, atomically (temp file + rename)."""
-        target = Path(path)
-        if target.is_dir():
-            raise UsageError(f"cannot write the plan to {target}: it is a directory. Give a file name.")
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_text(self.to_json(indent=2))
-        tmp.replace(target)
-        return target
+        """Write the plan as versioned JSON, atomically: on any failure the file at ``path`` is left as it was.
+
+        Raises:
+            UsageError: ``path`` is a directory or in a folder that does not exist, or the write failed (a full
+                disk); the message names the path.
+        """
+        return write_atomic(check_output_path(path, "the plan"), self.to_json(indent=2), what="the plan")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
@@ -218,9 +218,9 @@ _FB_PHASES = ("forward", "loss", "backward")
 class _Structure:
     """Everything but the micro-batch size."""
 
-    precision: str
+    precision: Precision
     checkpoint: tuple[str, ...] = ()
-    optimizer_impl: str = "default"
+    optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
 
     def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
@@ -242,7 +242,7 @@ class Search:
     """The estimates of one planning run, and the memory/speed models built from them."""
 
     def __init__(self, workload: Workload, gpu: GpuSpec, allocator: AllocatorConfig, limit_bytes: int,
-                 effective: int, calibration: Any, allow_precision_change: bool) -> None:
+                 effective: int, calibration: Calibration | None, allow_precision_change: bool) -> None:
         self.workload, self.gpu, self.allocator = workload, gpu, allocator
         self.allow_precision_change = allow_precision_change
         self.limit_bytes, self.effective, self.calibration = limit_bytes, effective, calibration
@@ -337,7 +337,7 @@ def plan(
     allocator: AllocatorConfig | None = None,
     margin: float = DEFAULT_MARGIN,
     allow_precision_change: bool = False,
-    calibration: Any = None,
+    calibration: Calibration | None = None,
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -421,10 +421,10 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     """
     w, eff = search.workload, search.effective
     facts = model_facts(w)
-    opt = w.optimizer_impl
+    opt: OptimizerImpl = w.optimizer_impl
     if opt in ("default", "foreach") and "fused" in facts.optimizer_impls:
         opt = "fused"
-    precisions = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
+    precisions: list[Precision] = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
     formats = [w.channels_last] + ([True] if facts.has_conv and not w.channels_last else [])
     b_lo = 1
     b_mid = max(d for d in range(1, max(1, eff // 2) + 1) if eff % d == 0)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from memfit._io import check_output_path, write_atomic
 from memfit.errors import MissingExtraError
+from memfit.estimate.categories import TRACED_CATEGORIES
 from memfit.units import GiB, KiB, MiB, format_bytes
 
 if TYPE_CHECKING:
@@ -29,13 +30,9 @@ if TYPE_CHECKING:
 
     from memfit.estimate.predict import Estimate
     from memfit.explain.explanation import Explanation, Fix
+    from memfit.explain.fixes import TrainingChange
     from memfit.plan.search import Plan
 
-# Bottom to top of the stacked timeline: what lives all run first, then what comes and goes within a step.
-CATEGORY_ORDER = (
-    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
-    "fragmentation",
-)
 # Tableau 10: distinguishable with the common colour-vision deficiencies, and print well in grey
 CATEGORY_COLORS = {
     "params": "#4E79A7",
@@ -60,8 +57,8 @@ CATEGORY_LABELS = {
     "fragmentation": "fragmentation",
 }
 # how much a fix changes training: the same mathematics, other rounding, or another algorithm
-TRAINING_COLORS = {"no": "#59A14F", "numerics": "#EDC948", "semantics": "#E15759"}
-_TRAINING_LABELS = {
+TRAINING_COLORS: dict[TrainingChange, str] = {"no": "#59A14F", "numerics": "#EDC948", "semantics": "#E15759"}
+_TRAINING_LABELS: dict[TrainingChange, str] = {
     "no": "same training",
     "numerics": "other rounding",
     "semantics": "changes training",
@@ -188,12 +185,13 @@ def timeline_figure(estimate: Estimate | Explanation, *, budget_bytes: int | Non
     points = est.timeline
     xs = [p.event for p in points]
     end = max([xs[-1] + 1 if xs else 1] + [at for at, _, _ in est.phases])
-    present = [c for c in CATEGORY_ORDER if any(p.by_category.get(c, 0) for p in points)]
+    # bottom to top: what lives all run first, then what comes and goes within a step
+    present = [c for c in TRACED_CATEGORIES if any(p.by_category.get(c, 0) for p in points)]
     if present:
         ys = [[p.by_category.get(c, 0) for p in points] for c in present]
         ax.stackplot(xs, ys, colors=[CATEGORY_COLORS[c] for c in present], step="post",
                      labels=[CATEGORY_LABELS[c] for c in present], linewidth=0)
-    else:  # an estimate from before the timeline had categories
+    else:  # a timeline without categories (TimelinePoint.by_category empty): its total, in one colour
         ax.fill_between(xs, [p.allocated_bytes for p in points], step="post", color=CATEGORY_COLORS["params"])
     ax.step(xs, [p.allocated_bytes for p in points], where="post", color=_INK, linewidth=0.6)
 

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from memfit.explain.explanation import Explanation, Fix
+    from memfit.explain.fixes import TrainingChange
+    from memfit.explain.oom_diagnosis import OomDiagnosis
 
 # (file stem, figure function in memfit.report.figures, what the picture answers)
 _PICTURES = (
@@ -39,7 +41,7 @@ _PICTURES = (
     ("blocks", "blocks_figure", "Which blocks hold the activations"),
     ("fixes", "fixes_figure", "What each fix would need, and what it costs"),
 )
-_TRAINING_WORDS = {"no": "no: same mathematics", "numerics": "rounding only", "semantics": "yes"}
+_TRAINING_WORDS: dict[TrainingChange, str] = {"no": "no: same mathematics", "numerics": "rounding only", "semantics": "yes"}
 # 110 dpi: sharp on a laptop screen, and each picture stays near 100 KB (the page holds four)
 
 
@@ -183,22 +185,23 @@ def _fix_row(f: Fix, budget: int | None, combined: bool) -> str:
             f"</td>{fits}</tr>")
 
 
-def _oom_section(oom: dict[str, Any] | None) -> str:
-    """The OOM diagnosis as a definition list; its fields are whatever the OOM parser reported."""
-    if not oom:
+def _oom_section(oom: OomDiagnosis | None) -> str:
+    """What the OOM message means (the findings, most important first), then the numbers it gave and its text."""
+    if oom is None:
         return ""
-    rows = "".join(f"<dt>{_e(k.replace('_', ' '))}</dt><dd>{_oom_value(k, v)}</dd>" for k, v in oom.items())
-    return f'<section class="oom"><h2>The out-of-memory error</h2><dl>{rows}</dl></section>'
-
-
-def _oom_value(key: str, value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and key.endswith("_bytes"):
-        return _e(format_bytes(value))
-    if isinstance(value, dict):
-        return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_oom_value(k, v)}</dd>" for k, v in value.items()) + "</dl>"
-    if isinstance(value, (list, tuple)):
-        return "<ul>" + "".join(f"<li>{_oom_value(key, v)}</li>" for v in value) + "</ul>"
-    return _e(value)
+    m = oom.message
+    findings = "".join(f"<li>{_e(f)}</li>" for f in oom.findings) or "<li>The message holds no numbers to diagnose.</li>"
+    causes = " ".join(f'<span class="tag">{_e(c.replace("_", " "))}</span>' for c in oom.causes)
+    sizes = "".join(f"<tr><td>{_e(label)}</td><td class=num>{_e(format_bytes(b))}</td></tr>" for label, b in m.sizes())
+    where = [f"GPU {m.gpu_index}" if m.gpu_index is not None else "",
+             f"{m.allocator} allocator" if m.allocator else "", f"{m.torch_format} message"]
+    source = " · ".join(_e(w) for w in where if w)
+    return ('<section class="oom"><h2>The out-of-memory error</h2>'
+            + (f'<p class="causes">{causes}</p>' if causes else "")
+            + f"<ul>{findings}</ul>"
+            + "<details><summary>What the message says</summary>"
+            + (f'<table class="parts"><tbody>{sizes}</tbody></table>' if sizes else "")
+            + f'<p class="sub">{source}</p><pre>{_e(m.raw)}</pre></details></section>')
 
 
 _CSS = """
@@ -220,7 +223,7 @@ td.ok{color:#2d6a1f;font-weight:600}td.no{color:#a12b1f}
 .tag{background:#eef;color:#335;font-size:12px;padding:1px 6px;border-radius:3px}
 figure{margin:16px 0 28px}figure img{max-width:100%;height:auto;display:block}
 summary{cursor:pointer;color:#555;font-size:14px}
-.oom dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px}.oom dt{color:#666}.oom dd{margin:0}
+.oom pre{white-space:pre-wrap;font-size:12px;color:#555;background:#f6f6f6;padding:8px}
 footer{margin-top:32px;color:#888;font-size:12px}
 code{font-size:13px}
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memfit.estimate.categories import MEMORY_CATEGORIES
 from memfit.units import format_bytes
 
 if TYPE_CHECKING:
@@ -12,12 +13,10 @@ if TYPE_CHECKING:
     from memfit.estimate.measure import Measurement
     from memfit.estimate.predict import Estimate
     from memfit.explain.explanation import Explanation
+    from memfit.explain.fixes import TrainingChange
+    from memfit.explain.oom_diagnosis import OomDiagnosis
     from memfit.plan.search import Plan
 
-_CATEGORY_ORDER = (
-    "params", "buffers", "grads", "optimizer_state", "data", "activations", "temporaries", "workspaces",
-    "fragmentation",
-)
 
 
 def _bar(fraction: float, width: int = 24) -> str:
@@ -70,7 +69,7 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
     cats.add_column("bytes", justify="right")
     cats.add_column("share", justify="right")
     cats.add_column("")
-    for cat in _CATEGORY_ORDER:
+    for cat in MEMORY_CATEGORIES:
         size = est.breakdown.get(cat, 0)
         if size:
             cats.add_row(cat, format_bytes(size), f"{size / total:.1%}", _bar(size / total))
@@ -132,7 +131,7 @@ def render_measurement(m: Measurement, console: Console) -> None:
         console.print(f"memory snapshot: {m.snapshot_path} (open it at pytorch.org/memory_viz)")
 
 
-_TRAINING_WORDS = {"no": "[green]same maths[/]", "numerics": "[yellow]numerics[/]", "semantics": "[red]semantics[/]"}
+_TRAINING_WORDS: dict[TrainingChange, str] = {"no": "[green]same maths[/]", "numerics": "[yellow]numerics[/]", "semantics": "[red]semantics[/]"}
 
 
 def render_explanation(e: Explanation, console: Console) -> None:
@@ -182,13 +181,32 @@ def render_explanation(e: Explanation, console: Console) -> None:
                   "(allocator cap + CUDA context)[/]")
 
 
-def render_oom(diagnosis: dict[str, Any], console: Console) -> None:
-    """A parsed CUDA OOM message: what it says, then what it means."""
+def render_oom(diagnosis: OomDiagnosis, console: Console) -> None:
+    """A parsed CUDA OOM message: the numbers it gives, then what they mean."""
+    from rich.console import Group
+    from rich.markup import escape
     from rich.panel import Panel
+    from rich.table import Table
 
-    findings = diagnosis.get("findings", [])
-    body = "\n".join(f"• {line}" for line in findings) or "The message holds no numbers to diagnose."
-    console.print(Panel(body, title="The out-of-memory message", expand=False))
+    sizes = Table.grid(padding=(0, 2))
+    sizes.add_column(style="bold")
+    sizes.add_column(justify="right")
+    for label, nbytes in diagnosis.message.sizes():
+        sizes.add_row(label, format_bytes(nbytes))
+    findings = Table.grid(padding=(0, 1))  # a bullet column: wrapped lines stay indented under their sentence
+    findings.add_column()
+    findings.add_column()
+    for line in diagnosis.findings:
+        findings.add_row("•", escape(line))
+    causes = ", ".join(c.replace("_", " ") for c in diagnosis.causes)
+    body = Group(
+        sizes,
+        "",
+        findings if diagnosis.findings else "The message holds no numbers to diagnose.",
+        *([f"[dim]causes: {causes}[/]"] if causes else []),
+    )
+    title = f"The out-of-memory message ({escape(diagnosis.message.torch_format)})"
+    console.print(Panel(body, title=title, expand=False))
 
 
 def render_plan(p: Plan, console: Console) -> None:

@@ -30,13 +30,14 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from memfit.errors import DeviceError, UsageError
 from memfit.estimate.gpus import GpuSpec, detect_gpu, gpu_spec
 from memfit.estimate.op_costs import PhaseCost, StepCost
 from memfit.estimate.trace import trace_workload
 from memfit.guard.oom import is_oom
+from memfit.records import JsonRecord
 from memfit.workload.protocol import build, run_steps
 from memfit.workload.spec import Workload
 
@@ -73,18 +74,19 @@ class SpeedParams:
     Placeholder: eager PyTorch spends about 5-25 us of CPU per op before its kernel runs (same lesson)."""
     backward_dispatch_s: float = 12e-6
     """CPU time per ATen op in backward. The autograd engine runs no Python, but per op it costs about what
-    forward does: fitted on an H200 (``benchmarks/results/speed_model_h200_20261126.md``) it came out at 9.5 us
-    (GPT-2) and 15.4 us (ResNet-50) against forward's 11.4 and 9.3 us, so the placeholder is forward's. It
-    decides what checkpointing costs where the CPU is the bottleneck: ResNet-50's checkpointed backward
-    dispatches 3.2 times the ops (recompute, saved-tensor detaches), and a micro-batch took 1.84 times as long
-    (``checkpoint_rng_cost_h200_20261126.json``)."""
+    forward does: fitted on an H200 (``benchmarks/results/speed/speed_model_h200_torch2.11_20261126.md``) it came
+    out at 9.5 us (GPT-2) and 15.4 us (ResNet-50) against forward's 11.4 and 9.3 us, so the placeholder is
+    forward's. It decides what checkpointing costs where the CPU is the bottleneck: ResNet-50's checkpointed
+    backward dispatches 3.2 times the ops (recompute, saved-tensor detaches), and a micro-batch took 1.84 times as
+    long (``benchmarks/results/speed/checkpoint_rng_cost_h200_20261126.json``)."""
     recompute_dispatch_s: float = 29e-6
     """CPU time per op (and module call) of a checkpointed module's recompute in backward: its Python forward
     again, plus ``torch.utils.checkpoint``'s saved-tensor hooks (a Python pack in forward, another in the
     recompute and an unpack in backward for each saved tensor: 29 per ResNet bottleneck). Fitted on the H200
-    grid of ``benchmarks/plan_quality.py`` (``plan_quality_h200_20261126/plan_quality_resnet50.json``): with all
-    16 bottlenecks checkpointed, a CPU-bound micro-batch of 8 or 16 took 2.3-3.3 times as long, which the
-    model reproduces at 29 us (forward: 12). Not fitted by ``calibrate`` (its timings have no checkpointing)."""
+    grid of ``benchmarks/plan_quality.py``
+    (``benchmarks/results/plan/plan_grid_h200_torch2.11_20261126/plan_quality_resnet50.json``): with all 16
+    bottlenecks checkpointed, a CPU-bound micro-batch of 8 or 16 took 2.3-3.3 times as long, which the model
+    reproduces at 29 us (forward: 12). Not fitted by ``calibrate`` (its timings have no checkpointing)."""
     optimizer_dispatch_s: float = 8e-6
     """CPU time per ATen op in ``zero_grad`` and ``optimizer.step()`` (a Python loop for ``foreach=False``).
     Placeholder until measured."""
@@ -109,8 +111,11 @@ dispatch costs, so the data cannot tell them apart)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class SpeedPrediction:
+class SpeedPrediction(JsonRecord):
     """The predicted time of one training step."""
+
+    _schema: ClassVar[int] = SCHEMA
+    _json_properties: ClassVar[tuple[str, ...]] = ("bound",)
 
     model: Literal["roofline", "calibrated"]
     """``roofline``: datasheet peaks and placeholder constants; ``calibrated``: constants fitted on a GPU."""
@@ -136,11 +141,6 @@ class SpeedPrediction:
     def bound(self) -> str:
         """``gpu`` when the kernels take longer than dispatching them, else ``cpu``."""
         return "gpu" if self.gpu_busy_s >= self.cpu_s else "cpu"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["bound"] = self.bound
-        return d
 
 
 @dataclass(frozen=True)
@@ -265,8 +265,10 @@ class CalibrationSample:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Calibration:
+class Calibration(JsonRecord):
     """Speed-model constants fitted to timed steps on one GPU; pass it to ``predict_step_time``."""
+
+    _schema: ClassVar[int] = SCHEMA
 
     params: SpeedParams
     gpu: str
@@ -279,11 +281,6 @@ class Calibration:
     rms_log_error: float
     """Root-mean-square of log(predicted / measured) over the fitted phase times: 0.05 is about 5 %."""
     schema: int = SCHEMA
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["schema"] = SCHEMA
-        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:

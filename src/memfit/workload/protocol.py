@@ -42,13 +42,13 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 def to_channels_last(model: torch.nn.Module) -> None:
     """Convert 4-D/5-D parameters in place of ``Module.to(memory_format=...)``, which fake tensors refuse."""
     for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is None or p.dim() not in (4, 5):
+        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            if p.dim() not in (4, 5):
                 continue
             fmt = torch.channels_last if p.dim() == 4 else torch.channels_last_3d
-            module._parameters[name] = torch.nn.Parameter(
-                p.detach().contiguous(memory_format=fmt), requires_grad=p.requires_grad
-            )
+            # setattr of a Parameter on a parameter's name re-registers it: Module.register_parameter
+            setattr(module, name, torch.nn.Parameter(p.detach().contiguous(memory_format=fmt),
+                                                     requires_grad=p.requires_grad))
 
 
 def place_batch(batch: Any, device: torch.device | str, channels_last: bool) -> Any:

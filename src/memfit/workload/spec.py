@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from memfit.errors import WorkloadError
 
@@ -30,13 +30,18 @@ if TYPE_CHECKING:
     import torch
 
 Precision = Literal["fp32", "bf16", "fp16"]
+"""How a step computes: fp32, or forward and loss under bf16 / fp16 autocast (fp16 adds a GradScaler)."""
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 OptimizerImpl = Literal["default", "foreach", "for-loop", "fused"]
-OPTIMIZER_IMPLS: tuple[str, ...] = ("default", "foreach", "for-loop", "fused")
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+"""How ``optimizer.step()`` runs: what the factory asked for, or one of PyTorch's three implementations."""
+OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = get_args(OptimizerImpl)
 
 
-def _default_forward(model: Any, batch: Any) -> Any:
-    """``model(batch[0])`` for tuple/list batches, ``model(batch)`` for a lone tensor or a dict."""
+def default_forward(model: Any, batch: Any) -> Any:
+    """``model(batch[0])`` for a tuple/list batch, ``model(**batch)`` for a dict, ``model(batch)`` for a tensor.
+
+    What a ``Workload`` without ``forward`` and a ``TrainStep`` without ``forward_fn`` call.
+    """
     if isinstance(batch, (tuple, list)):
         return model(batch[0])
     if isinstance(batch, dict):
@@ -82,7 +87,7 @@ class Workload:
     checkpoint: tuple[str, ...] = ()
     """Qualified names of blocks (e.g. ``"layers.3"``) run under activation checkpointing: only their inputs are
     kept for backward, at the cost of about one more forward of those blocks."""
-    optimizer_impl: str = "default"
+    optimizer_impl: OptimizerImpl = "default"
     """``default`` (what the factory asked for; PyTorch picks foreach on CUDA), ``foreach``, ``for-loop`` or
     ``fused``: the same mathematics, different temporaries and speed."""
     patch_size: tuple[int, ...] | None = None
@@ -168,4 +173,4 @@ class Workload:
         return self.batch(n) if self.patch_size is None else self.batch(n, self.patch_size)
 
     def run_forward(self, model: Any, batch: Any) -> Any:
-        return (self.forward or _default_forward)(model, batch)
+        return (self.forward or default_forward)(model, batch)
