@@ -3,7 +3,7 @@
 Each entry runs as ``python -m memfit.cli estimate benchmarks/zoo/<module>.py:NAME --json --gpu h100`` in a fresh
 process with a timeout; the result records whether it traced, the exit code, the one-line error and its failure
 class, the wall time and the estimate's key fields. Writes
-``benchmarks/results/estimate/trace_coverage_cpu_<torch>_<yyyymmdd>.{json,md}``.
+``benchmarks/results/estimate/trace_coverage_cpu_torch<major.minor>_<yyyymmdd>.{json,md}``.
 
     python benchmarks/trace_coverage.py -j 2                       # the whole zoo (~20 min on 2 cores)
     python benchmarks/trace_coverage.py --family monai --names smp_unet_r34_issue13
@@ -26,7 +26,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "zoo"))
+sys.path.insert(0, str(HERE))
 from registry import ZooEntry, entries  # noqa: E402
+
+from _results import stem as result_stem  # noqa: E402
 
 FAILURE_CLASSES = (
     "frozen params", "values-read-as-0", "data-dependent shapes", "meta-stricter-than-CUDA", "sparse", "compile",
@@ -247,8 +250,7 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / (f"trace_coverage_cpu_{torch.__version__.split('+')[0]}_{dt.date.today():%Y%m%d}"
-                  + (f"_{args.tag}" if args.tag else ""))
+    stem = out / (result_stem("trace_coverage", "cpu", torch.__version__) + (f"_{args.tag}" if args.tag else ""))
     if args.update:
         stem = Path(args.update.removesuffix(".json"))
     # not Path.with_suffix: the torch version's dots would count as a suffix
