@@ -3,7 +3,7 @@
 Each entry runs as ``python -m memfit.cli estimate benchmarks/zoo/<module>.py:NAME --json --gpu h100`` in a fresh
 process with a timeout; the result records whether it traced, the exit code, the one-line error and its failure
 class, the wall time and the estimate's key fields. Writes
-``benchmarks/results/estimate/trace_coverage_cpu_<torch>_<yyyymmdd>.{json,md}``.
+``benchmarks/results/estimate/trace_coverage_cpu_torch<major.minor>_<yyyymmdd>.{json,md}``.
 
     python benchmarks/trace_coverage.py -j 2                       # the whole zoo (~20 min on 2 cores)
     python benchmarks/trace_coverage.py --family monai --names smp_unet_r34_issue13
@@ -26,7 +26,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "zoo"))
+sys.path.insert(0, str(HERE))
 from registry import ZooEntry, entries  # noqa: E402
+
+from _results import stem as result_stem  # noqa: E402
 
 FAILURE_CLASSES = (
     "frozen params", "values-read-as-0", "data-dependent shapes", "meta-stricter-than-CUDA", "sparse", "compile",
@@ -153,6 +156,8 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for cls, names in s["by_class"].items():
         first = next(r for r in rows if r["name"] == names[0])
         lines.append(f"| {cls} | {len(names)} | `{first['spec']}`: {first['error'][:200]} |")
+    if s.get("note"):
+        lines += ["", s["note"]]
     lines += [
         "", "## Every entry", "",
         "| entry | library | traced | class | peak alloc GiB | fits in GiB | phase / op | wall s | error or warnings |",
@@ -197,6 +202,7 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--out", default=str(HERE / "results" / "estimate"))
     parser.add_argument("--tag", default="", help="suffix for the result files (e.g. 'subset')")
+    parser.add_argument("--note", help="a paragraph for the report, under the failure classes")
     parser.add_argument("--reclassify", help="an earlier result JSON: classify its failures again with the current "
                                              "rules and rewrite it (and its .md), running nothing")
     parser.add_argument("--update", help="an earlier result JSON: re-run the chosen entries, keep its other rows, "
@@ -211,6 +217,8 @@ def main() -> None:
                 r["failure_class"] = classify(r["error"])
         data["summary"].update({k: v for k, v in summarise(data["rows"], args).items()
                                 if k in ("by_library", "by_class", "total", "traced")})
+        if args.note:
+            data["summary"]["note"] = args.note
         stem = args.reclassify.removesuffix(".json")
         Path(f"{stem}.json").write_text(json.dumps(data, indent=1))
         Path(f"{stem}.md").write_text(markdown(data["summary"], data["rows"]))
@@ -236,12 +244,13 @@ def main() -> None:
         known = {r["name"] for r in earlier}
         rows = [fresh.get(r["name"], r) for r in earlier] + [r for r in rows if r["name"] not in known]
     summary = summarise(rows, args)
+    if args.note:
+        summary["note"] = args.note
     import torch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / (f"trace_coverage_cpu_{torch.__version__.split('+')[0]}_{dt.date.today():%Y%m%d}"
-                  + (f"_{args.tag}" if args.tag else ""))
+    stem = out / (result_stem("trace_coverage", "cpu", torch.__version__) + (f"_{args.tag}" if args.tag else ""))
     if args.update:
         stem = Path(args.update.removesuffix(".json"))
     # not Path.with_suffix: the torch version's dots would count as a suffix

@@ -165,3 +165,33 @@ def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: p
     calls = running["calls"]
     measure_corpus.main()  # resumed: nothing left to run
     assert running["calls"] == calls
+
+
+def test_a_peaks_only_record_seeds_the_bisection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--no-bisect first, then a bisecting run with --done: the first trial is not run again."""
+    import importlib
+
+    measure = importlib.import_module("memfit.estimate.measure")
+    entry = json.loads((CORPUS / "corpus.json").read_text())["entries"][0]["id"]
+    need, caps = 5 * GIB, []
+
+    def fake_trial(spec: str, *, cap_bytes: int, timeout_s: float, **_: object) -> object:
+        caps.append(cap_bytes)
+        ok = cap_bytes >= need
+        return measure.Trial(ok, cap_bytes, int(need * 0.9) if ok else 0, int(need * 1.2) if ok else 0, 0, 0, 0.1,
+                             error="" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB.")
+
+    monkeypatch.setattr(measure, "run_trial", fake_trial)
+    monkeypatch.setattr(measure_corpus, "_device", lambda: {
+        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
+    monkeypatch.setattr(measure_corpus, "_check_libraries", lambda ids: {})
+    peaks, full = tmp_path / "peaks", tmp_path / "full"
+    monkeypatch.setattr(sys, "argv", ["m", "--out", str(peaks), "--ids", entry, "--no-bisect", "--budget-s", "60"])
+    measure_corpus.main()
+    assert len(caps) == 1 and json.loads((peaks / f"{entry}.json").read_text())["fits_in_bytes"] is None
+    monkeypatch.setattr(sys, "argv", ["m", "--out", str(full), "--ids", entry, "--done", str(peaks),
+                                      "--predictions", str(tmp_path / "none"), "--budget-s", "60"])
+    measure_corpus.main()
+    record = json.loads((full / f"{entry}.json").read_text())
+    assert caps[1] < caps[0]  # went straight to the bisection
+    assert need <= record["fits_in_bytes"] <= need + max(int(0.005 * 0.9 * need), 2 << 20)

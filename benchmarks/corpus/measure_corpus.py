@@ -1,9 +1,9 @@
 """Measure the corpus on one GPU: peak allocated / reserved and the smallest cap that runs (``fits_in``), with
 several trial processes side by side. Runs on the device machine.
 
-    python benchmarks/corpus/measure_corpus.py --out $OUT/corpus_h100 --budget-s 540
-    python benchmarks/corpus/measure_corpus.py --out $OUT/corpus_h100 --done benchmarks/results/estimate/corpus_h100 \\
-        --predictions benchmarks/results/estimate/corpus_predictions --budget-s 540     # go on where it stopped
+    PYTHONPATH=src python benchmarks/corpus/measure_corpus.py --budget-s 540
+        # -> $OUT/corpus_measurements_<card>_torch<x.y>_<date>/; copy it to benchmarks/results/estimate/ and run the
+        #    same command again: it goes on from the newest such folder there (or name folders with --done)
 
 Each trial is ``memfit.estimate.measure.run_trial``: one fresh process that runs the protocol under
 ``torch.cuda.set_per_process_memory_fraction`` (a cap on *that process's* caching allocator: processes do not
@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from _results import card, latest, stem, torch_tag  # noqa: E402
+
 GIB = 2**30
 CONTEXT_BYTES = GIB
 """Ticket for one process's CUDA context and other memory outside its allocator (639-771 MiB measured)."""
@@ -183,9 +186,11 @@ def _check_libraries(ids: list[str]) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "corpus_measurements"))
+    parser.add_argument("--out", help="default: $OUT/corpus_measurements_<card>_torch<x.y>_<date>")
     parser.add_argument("--done", action="append", default=[], help="folders of earlier results to resume from")
-    parser.add_argument("--predictions", help="predict_corpus.py's folder: start each bisection at fits_in")
+    default_predictions = latest("estimate", "corpus_predictions_cpu")
+    parser.add_argument("--predictions", default=str(default_predictions) if default_predictions.is_dir() else None,
+                        help="predict_corpus.py's folder: start each bisection at the predicted fits_in")
     parser.add_argument("--split", choices=("fit", "validation"))
     parser.add_argument("--ids", help="comma-separated entry ids")
     parser.add_argument("--concurrency", type=int, default=5, help="trial processes at a time")
@@ -205,9 +210,11 @@ def main() -> None:
     import corpus
 
     chosen = [e for e in corpus.entries(args.split) if not args.ids or e["id"] in args.ids.split(",")]
-    out = Path(args.out)
+    out = Path(args.out or os.path.join(os.environ.get("OUT", "."), stem(
+        "corpus_measurements", card(device["gpu"]), device["torch_version"])))
     out.mkdir(parents=True, exist_ok=True)
-    folders = [out, *map(Path, args.done)]
+    earlier = latest("estimate", f"corpus_measurements_{card(device['gpu'])}_{torch_tag(device['torch_version'])}")
+    folders = [out, *map(Path, args.done), *([earlier] if earlier.is_dir() else [])]
     pool_bytes = device["total_bytes"] - int(args.reserve_gib * GIB)
     skipped = _check_libraries([e["id"] for e in chosen])
     meta = {**device, "date": dt.date.today().isoformat(), "concurrency": args.concurrency,
@@ -230,7 +237,12 @@ def main() -> None:
                 hint = (json.loads(pred.read_text()).get("estimate") or {}).get("fits_in_bytes")
         state = EntryState(id=e["id"], hint_bytes=hint, guess_bytes=int(e["rough_peak_gib"] * GIB),
                            tolerance=args.tolerance)
-        if partial is not None:
+        if finished is not None:  # a peaks-only record (--no-bisect): its trials seed the bisection
+            for trial in finished.get("trials", []):
+                if not trial.get("physical_oom"):
+                    state.record(trial, device["total_bytes"] - int(args.reserve_gib * GIB))
+            state.done = False
+        elif partial is not None:
             state = EntryState(**{**asdict(state), **{k: v for k, v in partial.items() if k != "id"}})
             state.hint_bytes = hint if hint is not None else state.hint_bytes
         states[e["id"]] = state

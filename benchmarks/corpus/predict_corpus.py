@@ -1,6 +1,6 @@
 """Estimate every corpus entry on this CPU machine: one fresh ``memfit estimate`` process each, ``-j`` at a time.
 
-    python benchmarks/corpus/predict_corpus.py -j 2                  # -> benchmarks/results/estimate/corpus_predictions/
+    python benchmarks/corpus/predict_corpus.py -j 2                  # -> results/estimate/corpus_predictions_cpu_torch*_<date>/
     python benchmarks/corpus/predict_corpus.py --split validation --ids c003_tv_cls,c040_hf_lm
 
 Resumable: an entry whose ``<id>.json`` exists is skipped unless ``--force``. Each record holds the whole
@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE.parent / "results" / "estimate" / "corpus_predictions"
+sys.path.insert(0, str(HERE.parent))
+from _results import RESULTS, stem  # noqa: E402
+
 _DROP = ("timeline", "largest_tensors", "phases", "activations_by_module")
 
 
@@ -51,7 +53,9 @@ def predict_one(entry_id: str, out: Path, gpu: str, timeout_s: float) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    import torch
+
+    parser.add_argument("--out", default=str(RESULTS / "estimate" / stem("corpus_predictions", "cpu", torch.__version__)))
     parser.add_argument("--split", choices=("fit", "validation"))
     parser.add_argument("--ids", help="comma-separated entry ids")
     parser.add_argument("-j", "--jobs", type=int, default=2)

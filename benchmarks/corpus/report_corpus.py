@@ -1,8 +1,8 @@
 """Join the corpus's predictions and measurements into accuracy tables, one per half (fit, validation).
 
-    python benchmarks/corpus/report_corpus.py --measurements benchmarks/results/estimate/corpus_h100
+    python benchmarks/corpus/report_corpus.py --measurements benchmarks/results/estimate/corpus_measurements_h100_torch2.11_<date>
 
-Writes ``benchmarks/results/estimate/corpus_accuracy_<gpu>_<yyyymmdd>.{json,md}``. Error = (predicted - measured)
+Writes ``benchmarks/results/estimate/corpus_accuracy_<card>_torch<x.y>_<yyyymmdd>.{json,md}``. Error = (predicted - measured)
 / measured. The *fit* half is what rules and margins may be tuned on; the *validation* half judges them and must
 tune nothing. Where the estimate carries an upper bound (``fits_in_upper_bytes``), the tables give its coverage:
 the share of entries whose measured ``fits_in`` it does not undercut, and how far above it sits.
@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE.parent / "results" / "estimate"
+sys.path.insert(0, str(HERE.parent))
+from _results import RESULTS as ALL_RESULTS  # noqa: E402
+from _results import card, latest, stem  # noqa: E402
+
+RESULTS = ALL_RESULTS / "estimate"
 
 
 def _err(pred: int | None, meas: int | None) -> float | None:
@@ -142,8 +146,9 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--predictions", default=str(RESULTS / "corpus_predictions"))
-    parser.add_argument("--measurements", required=True, help="measure_corpus.py's output folder")
+    parser.add_argument("--predictions", default=str(latest("estimate", "corpus_predictions_cpu")))
+    parser.add_argument("--measurements", default=str(latest("estimate", "corpus_measurements_")),
+                        help="measure_corpus.py's output folder (default: the newest in results/estimate/)")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args()
 
@@ -165,11 +170,11 @@ def main() -> None:
             "allocated": stats(ok, "error_allocated"), "reserved": stats(ok, "error_reserved"),
             "fits_in": stats(ok, "error_fits_in"), "upper_bound": coverage(ok),
         }
-    slug = summary["gpu"].lower().replace("nvidia", "").strip().split()[0] if sample else "gpu"
-    stem = Path(args.results) / f"corpus_accuracy_{slug}_{dt.date.today():%Y%m%d}"
-    Path(f"{stem}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    name = stem("corpus_accuracy", card(sample.get("gpu")), sample.get("torch_version") or "unknown")
+    out = Path(args.results) / name
+    Path(f"{out}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     text = markdown(summary, rows)
-    Path(f"{stem}.md").write_text(text)
+    Path(f"{out}.md").write_text(text)
     print(text)
 
 
