@@ -96,3 +96,19 @@ def test_fits_is_decided_with_the_upper_bound():
     assert est.device_bytes < between < est.device_upper_bytes
     assert not est.fits(between) and est.margin_bytes(between) < 0
     assert est.fits(est.device_upper_bytes) and est.margin_bytes(est.device_upper_bytes) == 0
+
+
+def _masked_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return out[batch[1] > 0].square().mean()  # boolean-mask indexing: the size depends on the data
+
+
+def test_sizes_that_depend_on_data_come_from_one_real_cpu_step():
+    w = Workload(model=lambda: torch.nn.Linear(256, 256), batch=lambda n: (torch.randn(n, 256), torch.randn(n, 256)),
+                 loss=_masked_loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=64)
+    est = estimate(w)
+    reasons = {u.reason: u.detail for u in est.uncertainty}
+    assert "test_estimate.py" in reasons["data_dependent_shape"] and "index" in reasons["data_dependent_shape"]
+    assert any("ran the step for real on the CPU" in w for w in est.warnings)
+    # about half the 64 x 256 fp32 elements are selected: the selection's bytes sit between none and all of them
+    plain = estimate(w.replace(loss=lambda out, b: out.square().mean()))
+    assert plain.peak_allocated_bytes < est.peak_allocated_bytes < plain.peak_allocated_bytes + 4 * 64 * 256 * 4

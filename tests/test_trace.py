@@ -190,7 +190,8 @@ def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
     class Sized(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            widths = torch.arange(8) // 3 * 256 + 256  # 256, 512, 768: not Python numbers
+            # 256, 512, 768, from a tensor whose values the trace does not follow (uninitialised memory)
+            widths = torch.empty(8).fill_(0) + torch.arange(8) // 3 * 256 + 256
             width = int(torch.unique(widths).numel()) * 256
             self.a = torch.nn.Linear(1024, width)
             self.norm = torch.nn.BatchNorm1d(width)
@@ -216,6 +217,24 @@ def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
     assert after_init == [(a.nbytes, a.op, a.category) for a in plain.allocs if a.phase != "init"]
     params = sorted(a.nbytes for a in built.allocs if a.category in ("params", "buffers"))
     assert params == sorted(a.nbytes for a in plain.allocs if a.category in ("params", "buffers"))
+
+
+def test_a_constructor_that_sizes_layers_by_values_made_from_constants_is_traced_with_them():
+    # torchvision's RegNet and timm's drop-path rates: arange/linspace arithmetic, read back with .tolist()
+    class Widths(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            widths = (torch.arange(3) * 256 + 256).tolist()  # [256, 512, 768]
+            width = int(torch.unique(torch.tensor(widths)).numel()) * widths[0]
+            self.a, self.b = torch.nn.Linear(1024, width), torch.nn.Linear(width, 1024)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            dims = torch.arange(1, x.dim()).tolist()  # MonAI's Dice reduction axes: [1]
+            return self.b(self.a(x)) * x.mean(dims, keepdim=True)
+
+    traced = trace_workload(_linear_workload(model=Widths), GPU, steps=2)
+    assert traced.param_count == (1024 * 768 + 768) + (768 * 1024 + 1024)
+    assert not traced.warnings and "value_read" not in traced.uncertain
 
 
 def test_copied_steps_equal_traced_steps():

@@ -218,6 +218,23 @@ def op_argument_names(func: Any) -> list[str]:
     return [a.name for a in func._schema.arguments]
 
 
+def is_compiled_module(m: torch.nn.Module) -> bool:
+    """``m`` is what ``torch.compile(module)`` returns (``torch._dynamo.eval_frame.OptimizedModule``)."""
+    return type(m).__name__ == "OptimizedModule" and hasattr(m, "_orig_mod")
+
+
+def sparse_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The dense tensors a sparse tensor keeps its data in: COO's indices and values (``nn.Embedding(sparse=True)``'s
+    gradients), CSR/CSC/BSR's index arrays and values."""
+    if t.layout == torch.sparse_coo:
+        return (t._indices(), t._values())
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return (t.crow_indices(), t.col_indices(), t.values())
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return (t.ccol_indices(), t.row_indices(), t.values())
+    return ()
+
+
 def is_view(t: torch.Tensor) -> bool:
     """``t`` shares another tensor's storage as a view (autocast never caches a cast of one)."""
     return bool(t._is_view())

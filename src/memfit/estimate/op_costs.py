@@ -284,13 +284,18 @@ class StepCost(JsonRecord):
 
 
 # ------------------------------------------------------------------------------------------------ counting
+def _tensor_bytes(t: torch.Tensor) -> int:
+    # a sparse tensor moves its indices and values
+    return t.nbytes if t.layout == torch.strided else sum(part.nbytes for part in tp.sparse_parts(t))
+
+
 def _nbytes(values: Any) -> int:
     total = 0
     for v in values:
         if isinstance(v, torch.Tensor):
-            total += v.nbytes
+            total += _tensor_bytes(v)
         elif isinstance(v, (list, tuple)):
-            total += sum(t.nbytes for t in v if isinstance(t, torch.Tensor))
+            total += sum(_tensor_bytes(t) for t in v if isinstance(t, torch.Tensor))
     return total
 
 

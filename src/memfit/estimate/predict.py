@@ -111,9 +111,6 @@ class Estimate(JsonRecord):
     cost: StepCost | None = field(default=None, metadata=json_as(_cost_totals))
     """FLOPs, bytes, kernels and dispatches of one steady-state micro-batch and optimizer step, for
     ``memfit.speed.step_time.predict_step_time``. ``to_dict`` keeps its totals, not its per-op rows."""
-    elapsed_s: float = 0.0
-    method: str = "fake-tensor trace + caching-allocator replay"
-    schema: int = SCHEMA
     keep_output: bool = field(default=True, kw_only=True)
     """The loop predicted: True, the plain loop that keeps the output alive through backward; False, the
     loss-only step (``Workload.keep_output``)."""
@@ -124,6 +121,9 @@ class Estimate(JsonRecord):
     """``fits_in_upper_bytes`` plus the CUDA context: the GPU memory a "fits" verdict promises is enough."""
     uncertainty: list[Uncertainty] = field(default_factory=list, kw_only=True)
     """What widened the upper bound beyond the base margin, with where it happened."""
+    elapsed_s: float = 0.0
+    method: str = "fake-tensor trace + caching-allocator replay"
+    schema: int = SCHEMA
 
     def margin_bytes(self, budget_bytes: int) -> int:
         """Budget minus ``device_upper_bytes``: positive means it fits, with that much to spare."""

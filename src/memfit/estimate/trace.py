@@ -9,6 +9,7 @@ few hundred MB of host memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -24,6 +25,7 @@ import torch
 
 from memfit import _torch_private as tp
 from memfit.errors import TraceError, WorkloadError
+from memfit.estimate import values
 from memfit.estimate import workspaces as ws
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
@@ -130,6 +132,19 @@ def _output_tensors(out: Any) -> list[torch.Tensor]:
 _DEVICE_QUERY = torch.ops.prim.device.default
 
 
+def _fake_like(real: Any) -> Any:
+    """Fake tensors (the fake mode is the next one down) of ``real``'s shapes, strides and dtypes."""
+    if isinstance(real, torch.Tensor):
+        return torch.empty_strided(real.shape, real.stride(), dtype=real.dtype)
+    if isinstance(real, (list, tuple)):
+        return type(real)(_fake_like(r) for r in real)
+    return real
+
+
+class _ValuesNeededToTrace(Exception):
+    """An op of the step sizes its output by values computed from data: (op, where in the user's code)."""
+
+
 class _ValuesNeededToBuild(Exception):
     """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
 
@@ -181,6 +196,10 @@ class _Recorder(tp.TorchDispatchMode):
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
+        self.real = False
+        """Tracing real CPU tensors (a step whose sizes depend on data values), not fake ones."""
+        self.values = values.KnownValues()
+        """Real values of the small tensors computed from constants (memfit.estimate.values)."""
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
@@ -222,6 +241,10 @@ class _Recorder(tp.TorchDispatchMode):
         self._born_in_node.pop(key, None)
 
     def track(self, t: torch.Tensor, op: str) -> None:
+        if t.layout != torch.strided:  # a sparse gradient: its indices and values are the allocations
+            for part in tp.sparse_parts(t):
+                self.track(part, op)
+            return
         st = t.untyped_storage()
         if st in self._live or st.nbytes() == 0:
             return  # the CUDA allocator hands out no block for an empty tensor
@@ -259,6 +282,8 @@ class _Recorder(tp.TorchDispatchMode):
         old, new = args[0], args[1]
         if not (old.shape == new.shape == out.shape and old.dtype == new.dtype == out.dtype):
             return False
+        if old.layout != torch.strided or out.layout != torch.strided:
+            return False  # sparse gradients are summed by concatenation: a new tensor, as traced
         storage = old.untyped_storage()
         key = self._live.get(storage)
         node = tp.current_autograd_node()
@@ -287,6 +312,10 @@ class _Recorder(tp.TorchDispatchMode):
     def mark(self, t: torch.Tensor | None, category: TracedCategory) -> None:
         if t is None:
             return
+        if t.layout != torch.strided:
+            for part in tp.sparse_parts(t):
+                self.mark(part, category)
+            return
         key = self._live.get(t.untyped_storage())
         if key is not None:
             self.trace.allocs[key].category = category
@@ -309,19 +338,29 @@ class _Recorder(tp.TorchDispatchMode):
             # value (the optimizer's step counts, whose .item() the step reads) still go through it.
             self.costs.record(func, name, args, kwargs, None)
             return None
+        if name == "_local_scalar_dense":
+            known = self.values.scalar(args[0])
+            if known is not None:  # a value computed from constants: the real one, no guess
+                self.costs.record(func, name, args, kwargs, known, sync=not self._is_optimizer_state(args[0]))
+                return known
         try:
             out = func(*args, **kwargs)
         except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
+            real = self.values.run(func, name, args, kwargs)
+            if real is not None:  # its size depends on values that are known: a fake output of the real size
+                out = _fake_like(real)
+                self.values.keep(out, real)
+                for t in _output_tensors(out):
+                    self.track(t, name)
+                return out
             if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
                 # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead, see
                 # _build_model. A constructor's .item() reads 0 below, as in the step: timm's models read their
                 # drop-path rates that way, and a real build costs host memory for every parameter.
                 raise _ValuesNeededToBuild(name) from exc
             if isinstance(exc, tp.DynamicOutputShapeException):
-                raise TraceError(
-                    f"the step calls {name}, whose output size depends on tensor values, which fake tensors do "
-                    f"not have. Move it out of the training step (e.g. precompute indices in the batch)."
-                ) from exc
+                # the size depends on values made from data (a detector's matched boxes): run the step for real
+                raise _ValuesNeededToTrace(name, user_frame()) from exc
             if name != "_local_scalar_dense":
                 raise
             out = self._data_dependent_scalar(args[0])
@@ -335,6 +374,14 @@ class _Recorder(tp.TorchDispatchMode):
                     f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit "
                     "cannot trace it without running it for real. Use `memfit measure` on a GPU for this model."
                 ) from exc
+        if self.real:
+            pass  # every value is real: nothing to follow
+        elif values.small(out):
+            real = self.values.run(func, name, args, kwargs)
+            if real is not None:
+                self.values.keep(out, real)
+        else:
+            self.values.forget_written(func, args)
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
@@ -421,9 +468,13 @@ class _Recorder(tp.TorchDispatchMode):
 
     def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
-        if self.phase != "optimizer" and "value_read" not in self.trace.uncertain:
+        # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
+        reason = "value_branch" if t.dtype == torch.bool else "value_read"
+        if self.phase != "optimizer" and reason not in self.trace.uncertain:
             module = self.module_stack[-1] if self.module_stack else self.phase
-            self.trace.uncertain["value_read"] = f"a tensor value read at {user_frame()} ({module}) was taken as 0"
+            self.trace.uncertain[reason] = (
+                f"a condition on tensor values at {user_frame()} ({module}) was taken as False" if reason == "value_branch"
+                else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
         if not self._warned_item and self.phase != "optimizer":
             self._warned_item = True
             msg = (
@@ -464,11 +515,25 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
     state): they are copied rather than traced, which saves a third of the time. If step 2 does not hand over
     to its successor exactly as step 1 handed over to it, every step is traced instead.
     """
-    if steps > 2:
-        trace = _trace(workload, gpu, steps=2)
+    try:
+        return _trace_steps(workload, gpu, steps, real=False)
+    except _ValuesNeededToTrace as exc:
+        op, where = exc.args
+    msg = (f"the step calls {op} at {where}, whose output size depends on values made from the data, which fake "
+           "tensors do not have: memfit ran the step for real on the CPU (same shapes, random data) to trace it.")
+    log.warning(msg)
+    trace = _trace_steps(workload, gpu, steps, real=True)
+    trace.warnings.insert(0, msg)
+    trace.uncertain["data_dependent_shape"] = f"{op} at {where}: sizes from one real CPU step with random data"
+    return trace
+
+
+def _trace_steps(workload: Workload, gpu: GpuSpec, steps: int, *, real: bool) -> Trace:
+    if steps > 2 and not real:
+        trace = _trace(workload, gpu, steps=2, real=real)
         if _repeat_last_step(trace, steps - 2):
             return trace
-    return _trace(workload, gpu, steps=steps)
+    return _trace(workload, gpu, steps=steps, real=real)
 
 
 class _OldObjectsFrozen:
@@ -503,14 +568,18 @@ class _OldObjectsFrozen:
             gc.unfreeze()
 
 
-def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
+def _trace(workload: Workload, gpu: GpuSpec, *, steps: int, real: bool = False) -> Trace:
     with _OldObjectsFrozen() as old_objects:
-        return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects)
+        return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects, real=real)
 
 
-def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:
+def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen,
+                  real: bool = False) -> Trace:
+    """One traced run of the protocol; ``real``: on real CPU tensors (every op computes) instead of fake ones."""
     recorder = _Recorder(gpu)
-    fake_mode = tp.StaticShapeFakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
+    recorder.real = real
+    fake_mode: Any = (contextlib.nullcontext() if real else
+                      tp.StaticShapeFakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False))
     old_objects.freeze()  # torch._dynamo, which FakeTensorMode imports on first use
     hooks = [
         torch.nn.modules.module.register_module_forward_pre_hook(recorder.pre_forward),
@@ -536,9 +605,11 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
                     phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
                     # micro-batch 2 runs with the grads alive, and every later one repeats it exactly
                     micro_batches=min(workload.accumulation_steps, 2),
-                    replay=functools.partial(_replay_forward_backward, recorder, optimizer),
+                    # a real step's sizes can change from step to step (a detector's matches move with its
+                    # weights): each is traced; a fake one repeats the first (see _replay_forward_backward)
+                    replay=None if real else functools.partial(_replay_forward_backward, recorder, optimizer),
                 )
-            except (TraceError, WorkloadError):
+            except (TraceError, WorkloadError, _ValuesNeededToTrace):
                 raise
             except Exception as exc:
                 raise TraceError(
@@ -652,6 +723,13 @@ def _build_model(factory: Any, recorder: _Recorder) -> Any:
 
 def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     recorder.module_names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
+    compiled = [name or type(model).__name__ for name, m in model.named_modules() if tp.is_compiled_module(m)]
+    if compiled:
+        msg = (f"{compiled[0]} is torch.compile'd: memfit estimates it as eager PyTorch (compiled code fuses ops and "
+               "usually needs less memory, so the estimate is on the high side).")
+        recorder.trace.warnings.append(msg)
+        log.warning(msg)
+        recorder.trace.uncertain["compiled"] = msg
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.RNNBase):
             recorder.trace.uncertain.setdefault(
@@ -660,7 +738,8 @@ def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torc
     for p in model.parameters():
         recorder.mark(p, "params")
         recorder.trace.param_count += p.numel()
-        p.register_post_accumulate_grad_hook(lambda p: recorder.mark(p.grad, "grads"))
+        if p.requires_grad:  # a frozen parameter gets no grad (and torch refuses a hook on it)
+            p.register_post_accumulate_grad_hook(lambda p: recorder.mark(p.grad, "grads"))
     for b in model.buffers():
         recorder.mark(b, "buffers")
 

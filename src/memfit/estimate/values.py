@@ -1,0 +1,131 @@
+"""Real values for the small tensors a training step computes from constants, so reading them is right.
+
+Fake tensors have shapes and no values, so ``.item()``, ``.tolist()`` and ``bool()`` on them have no answer; a
+trace that answers 0 changes what the code does next. Many real steps read values that do not depend on data
+at all: MONAI's Dice losses take their reduction axes from ``torch.arange(2, ndim).tolist()``, timm's models
+their drop-path rates from ``torch.linspace(0, rate, depth).tolist()``, torchvision's RegNet its stage widths from
+``torch.arange`` arithmetic. Read as zeros, the first fails ("duplicate value in the list of dims"), the second
+turns stochastic depth off, the third builds a model 100 times smaller, silently.
+
+``KnownValues`` follows those values: a tensor made by a deterministic factory (``arange``, ``full``,
+``linspace`` ...) from Python numbers, or a real (non-fake) tensor, has a known value, and so has the output of an
+op whose tensor inputs all have known values — computed for real on the CPU, beside the fake op. Only small
+tensors are followed (``MAX_NUMEL``), so the real work stays negligible next to the trace. An op that writes into
+a tensor with values it does not know makes that tensor unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from memfit import _torch_private as tp
+
+MAX_NUMEL = 1 << 16
+"""Tensors of more elements are not followed: index and shape arithmetic is far smaller, data is far larger."""
+
+# factories whose result depends on their arguments alone (no random numbers, no uninitialised memory)
+_FACTORIES = frozenset(
+    "arange linspace logspace full zeros ones scalar_tensor eye tensor lift_fresh_copy _to_copy".split()
+)
+# ops that must not run for real even on known inputs: random numbers, or their value is the fake tensor's own
+_NEVER = frozenset(
+    "bernoulli bernoulli_ rand rand_like randn randn_like randint randint_like randperm normal normal_ uniform_ "
+    "exponential_ multinomial empty empty_like empty_strided new_empty new_empty_strided".split()
+)
+
+
+_MUTATED: dict[Any, tuple[int, ...]] = {}
+
+
+def _mutated(func: Any) -> tuple[int, ...]:
+    try:
+        return _MUTATED[func]
+    except KeyError:
+        found = _MUTATED[func] = tp.op_mutated_arguments(func)
+        return found
+
+
+def small(out: Any) -> bool:
+    """Every tensor of an op's output is small enough to follow its value."""
+    found = _tensors(out)
+    return bool(found) and all(t.numel() <= MAX_NUMEL for t in found)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+class KnownValues:
+    """The real values of the fake tensors that have one (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._real: Any = tp.WeakIdKeyDictionary()
+
+    def value(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The real CPU tensor ``t`` stands for, or None when its value is not known."""
+        if not isinstance(t, tp.FakeTensor):
+            return t  # a real tensor (a constant the user's code made outside the fake mode) is its own value
+        return self._real.get(t)
+
+    def _real_args(self, name: str, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+        """``args`` and ``kwargs`` with every fake tensor replaced by its value; None if one is unknown or big."""
+        if name in _NEVER:
+            return None
+        found = _tensors(args) + _tensors(list(kwargs.values()))
+        if not found and name not in _FACTORIES:
+            return None
+        for t in found:
+            if t.numel() > MAX_NUMEL or self.value(t) is None:
+                return None
+
+        def swap(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return self.value(x)
+            if isinstance(x, (list, tuple)):
+                return type(x)(swap(i) for i in x)
+            return x
+
+        return swap(args), {k: swap(v) for k, v in kwargs.items()}
+
+    def forget_written(self, func: Any, args: Any) -> None:
+        """The op writes into some of its arguments with values not followed here: they are unknown now."""
+        for i in _mutated(func):
+            if i < len(args):
+                for t in _tensors(args[i]):
+                    self._real.pop(t, None)
+
+    def run(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
+        """The op's real result when all its inputs have known values, else None (and what the op writes into
+        is unknown from now on). Call it only for ops with small outputs: a factory's output is not checked."""
+        real = self._real_args(name, args, kwargs)
+        if real is None:
+            self.forget_written(func, args)
+            return None
+        with tp.no_dispatch_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
+            try:
+                return func(*real[0], **real[1])
+            except Exception:  # the real op refuses what the fake one took (a device it cannot use): unknown
+                return None
+
+    def keep(self, fake_out: Any, real_out: Any) -> None:
+        """Remember the values of ``fake_out``'s tensors (small ones only) from ``real_out``."""
+        fakes, reals = _tensors(fake_out), _tensors(real_out)
+        if len(fakes) != len(reals):
+            return
+        for f, r in zip(fakes, reals):
+            if isinstance(f, tp.FakeTensor) and r.numel() <= MAX_NUMEL and tuple(f.shape) == tuple(r.shape):
+                self._real[f] = r
+
+    def scalar(self, t: torch.Tensor) -> Any | None:
+        """``t.item()`` when ``t``'s value is known, else None."""
+        real = self.value(t)
+        if real is None:
+            return None
+        with tp.no_dispatch_modes():  # the fake mode would turn the real tensor into a fake one again
+            return real.item()
