@@ -79,6 +79,7 @@ _EXPORTS: dict[str, str] = {
     "UsageError": "memfit.errors",
     "WorkloadError": "memfit.errors",
     "TraceError": "memfit.errors",
+    "UserCodeError": "memfit.errors",
     "DeviceError": "memfit.errors",
     "BudgetTooSmallError": "memfit.errors",
     "StepOOMError": "memfit.errors",
@@ -199,6 +200,9 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
     )
     from memfit.errors import (
         UsageError as UsageError,
+    )
+    from memfit.errors import (
+        UserCodeError as UserCodeError,
     )
     from memfit.errors import (
         WorkloadError as WorkloadError,

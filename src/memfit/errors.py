@@ -20,6 +20,11 @@ class WorkloadError(MemfitError, ValueError):
     """A workload file or built-in could not be loaded or built."""
 
 
+class UserCodeError(WorkloadError):
+    """The user's own code (a factory, the model's forward, the loss) raised: the message names the file and line,
+    the module and the op, and the user's exception is the ``__cause__``."""
+
+
 class TraceError(MemfitError, RuntimeError):
     """The training step could not be traced without a GPU (an op with no fake implementation, say)."""
 

@@ -14,6 +14,8 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 TiB = 1 << 40
+MAX_BYTES = 1 << 60
+"""1 EiB: no size memfit reads is larger (GPU memory is measured in GiB), so anything above is a typo."""
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -44,22 +46,33 @@ def parse_bytes(text: str | int | float) -> int:
     if isinstance(text, bool):
         raise UsageError(f"a size must be a number of bytes or a string like '24GiB', got {text!r}")
     if isinstance(text, (int, float)):
-        if text <= 0:
+        if not text > 0:  # also NaN
             raise UsageError(f"a size must be positive, got {text!r}. Example: 24GiB.")
+        if text > MAX_BYTES:  # also inf
+            raise UsageError(f"a size must be at most 1 EiB, got {_shown(text)} bytes. Example: 24GiB.")
         return int(text)
     match = _SIZE.match(str(text))
     if match is None:
         raise UsageError(
-            f"cannot read the size {text!r}: write a positive number and a unit, e.g. 24GiB (2^30 bytes) "
+            f"cannot read the size {_shown(text)}: write a positive number and a unit, e.g. 24GiB (2^30 bytes) "
             "or 24GB (10^9 bytes)."
         )
     number, unit = float(match.group(1)), match.group(2).lower()
     if unit not in _UNITS:
-        raise UsageError(f"unknown unit {match.group(2)!r} in {text!r}: use B, KB, MB, GB, KiB, MiB or GiB.")
+        raise UsageError(f"unknown unit {_shown(match.group(2))} in {_shown(text)}: use B, KB, MB, GB, KiB, MiB or GiB.")
+    if number * _UNITS[unit] > MAX_BYTES:  # a float, never an overflow: 400 digits read as inf
+        raise UsageError(f"the size {_shown(text)} is more than 1 EiB, larger than any GPU's memory. "
+                         "Example: 24GiB.")
     value = int(round(number * _UNITS[unit]))
     if value <= 0:
         raise UsageError(f"a size must be positive, got {text!r}. Example: 24GiB.")
     return value
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message, cut short: a 400-digit size is a typo, not something to print whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def format_bytes(n: int | float, *, signed: bool = False) -> str:

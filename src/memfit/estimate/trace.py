@@ -15,18 +15,20 @@ import gc
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from memfit import _torch_private as tp
-from memfit.errors import TraceError, WorkloadError
+from memfit.errors import MemfitError, TraceError
 from memfit.estimate import workspaces as ws
 from memfit.estimate.cuda_emulation import CudaSemantics
+from memfit.estimate.device_calls import user_device_calls
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.op_costs import OpCost, OpCounter
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload.spec import Workload
+from memfit.workload.user_errors import user_code_error
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +345,9 @@ class _Recorder(tp.TorchDispatchMode):
             return 0
         if name == "_softmax_backward_data":
             x = args[0]
-            return ws.softmax_backward_bytes(x.numel() * x.element_size(), args[2] % x.dim() == x.dim() - 1)
+            # a 0-d softmax has one element along its only (implicit) dimension: the last one
+            last = x.dim() == 0 or args[2] % x.dim() == x.dim() - 1
+            return ws.softmax_backward_bytes(x.numel() * x.element_size(), last)
         if name in ("native_layer_norm", "native_layer_norm_backward"):
             x = args[0] if name == "native_layer_norm" else args[1]
             # the CUDA kernel makes a contiguous copy of a permuted input (ConvNeXt, Swin)
@@ -466,8 +470,13 @@ class _OldObjectsFrozen:
 
 
 def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
-    with _OldObjectsFrozen() as old_objects:
-        return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects)
+    quiet = _QuietFakeTensorLog()
+    _FAKE_TENSOR_LOG.addFilter(quiet)
+    try:
+        with _OldObjectsFrozen() as old_objects:
+            return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects)
+    finally:
+        _FAKE_TENSOR_LOG.removeFilter(quiet)
 
 
 def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:
@@ -481,14 +490,13 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
     try:
         with fake_mode, recorder, CudaSemantics():
             try:
-                model, optimizer, batch = build(
-                    workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
-                    configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
-                )
-            except (TraceError, WorkloadError):
-                raise
+                with user_device_calls():  # Net().cuda(), .to(device), device="cuda" in the factories
+                    model, optimizer, batch = build(
+                        workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
+                        configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
+                    )
             except Exception as exc:
-                raise WorkloadError(f"building the model, optimizer or batch failed: {type(exc).__name__}: {exc}") from exc
+                _raise_blamed(exc, "building the model, the optimizer or the batch", recorder)
             old_objects.freeze(collect=True)  # the model, the optimizer, the libraries imported to build them
             _register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
@@ -500,12 +508,8 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
                     micro_batches=min(workload.accumulation_steps, 2),
                     replay=functools.partial(_replay_forward_backward, recorder, optimizer),
                 )
-            except (TraceError, WorkloadError):
-                raise
             except Exception as exc:
-                raise TraceError(
-                    f"the training step failed under fake tensors: {type(exc).__name__}: {exc}"
-                ) from exc
+                _raise_blamed(exc, f"the training step ({recorder.phase}, step {recorder.step})", recorder)
             del model, optimizer, batch, scaler
     finally:
         for h in hooks:
@@ -516,6 +520,39 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
     end = next(at for at, name, _ in reversed(trace.phase_marks) if name == "end")
     del trace.ops[end:], trace.keys[end:]
     return trace
+
+
+def _raise_blamed(exc: Exception, during: str, recorder: _Recorder) -> NoReturn:
+    """Re-raise what the user's code raised as one line naming its file, line, module and op; memfit's own
+    errors (a ``MemfitError``, or a bug raised by memfit's code) go on unchanged."""
+    if not isinstance(exc, MemfitError):
+        module = recorder.module_stack[-1] if recorder.module_stack else None
+        error = user_code_error(exc, during=during, module=module, op=_failing_op(exc))
+        if error is not None:
+            raise error from exc
+    raise exc
+
+
+def _failing_op(exc: BaseException) -> str | None:
+    """The ATen op the recorder was dispatching when ``exc`` was raised (its ``name``), if any."""
+    op = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _Recorder.__torch_dispatch__.__code__:
+            op = tb.tb_frame.f_locals.get("name", op)
+        tb = tb.tb_next
+    return op
+
+
+class _QuietFakeTensorLog(logging.Filter):
+    """Keeps FakeTensorMode's "failed while attempting to run meta" (a 27-line traceback) out of the log during a
+    trace: the same error reaches the user once, as one line naming the place in their code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
+_FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 
 
 def _repeat_last_step(trace: Trace, times: int) -> bool:

@@ -161,6 +161,14 @@ def load_oom_text(arg: str) -> str:
         if "\n" not in arg and arg.strip().lower().endswith(_LOG_SUFFIXES):
             raise UsageError(f"no such log file: {arg}. Check the path, or paste the OOM message in quotes.")
         return arg
+    try:
+        return _excerpt(arg, path)
+    except OSError as exc:
+        raise UsageError(f"cannot read the log {arg}: {exc.strerror or exc}. Check its permissions, or paste the "
+                         "OOM message in quotes.") from None
+
+
+def _excerpt(arg: str, path: Path) -> str:
     offset = _last_anchor_offset(path)
     if offset is None:
         raise UsageError(
