@@ -481,6 +481,9 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int) -> Trace:
 
 def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:
     recorder = _Recorder(gpu)
+    # progress for the CLI's spinner (memfit.cli._progress): a large model can take minutes to build
+    log.info("building %s (batch %d × %d, %s)", workload.name, workload.batch_size, workload.accumulation_steps,
+             workload.precision)
     fake_mode = tp.StaticShapeFakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     old_objects.freeze()  # torch._dynamo, which FakeTensorMode imports on first use
     hooks = [
@@ -498,6 +501,7 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
             except Exception as exc:
                 _raise_blamed(exc, "building the model, the optimizer or the batch", recorder)
             old_objects.freeze(collect=True)  # the model, the optimizer, the libraries imported to build them
+            log.info("tracing %d training steps of %s", steps, workload.name)
             _register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
             try:

@@ -65,7 +65,8 @@ def _display_path(file: str) -> str:
 
 
 def _kind(filename: str) -> str:
-    """``memfit``, ``protocol``, ``torch``, ``stdlib`` or ``user`` (third-party libraries count as the user's)."""
+    """``memfit``, ``protocol``, ``torch``, ``stdlib``, ``library`` (another installed package: the user's choice,
+    such as timm, or one of memfit's own dependencies, such as rich) or ``user`` (the user's own files)."""
     if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string> (exec'd code), <stdin>
         return "stdlib" if filename.startswith("<frozen") else "user"
     path = os.path.realpath(filename)
@@ -76,7 +77,7 @@ def _kind(filename: str) -> str:
     for site in _SITE:
         if path.startswith(site):
             top = path[len(site):].split(os.sep, 1)[0]
-            return "torch" if top in ("torch", "functorch", "torchgen") else "user"
+            return "torch" if top in ("torch", "functorch", "torchgen") else "library"
     if path.startswith(_STDLIB):
         return "stdlib"
     return "user"
@@ -98,10 +99,12 @@ def raised_by_memfit(exc: BaseException) -> bool:
     return bool(lines) and _kind(lines[-1][0].f_code.co_filename) == "memfit"
 
 
-def user_place(exc: BaseException) -> Place | None:
-    """The innermost frame of ``exc``'s traceback in the user's code, or None when it passed through none."""
+def user_place(exc: BaseException, *, libraries: bool = False) -> Place | None:
+    """The innermost frame of ``exc``'s traceback in the user's own files (or, with ``libraries``, in an installed
+    package other than torch, such as the timm model the user chose), or None when it passed through none."""
+    kinds = ("user", "library") if libraries else ("user",)
     for frame, line in reversed(_lines(exc)):
-        if _kind(frame.f_code.co_filename) == "user":
+        if _kind(frame.f_code.co_filename) in kinds:
             return Place(frame.f_code.co_filename, line, frame.f_code.co_name)
     return None
 
@@ -157,6 +160,7 @@ def user_code_error(
     place = user_place(exc)
     if place is None and require_user_frame:
         return None
+    place = place or user_place(exc, libraries=True)
     where = [f"at {place}"] if place is not None else []
     details = ([f"module {module}"] if module else []) + ([f"op {op}"] if op else [])
     if details:
