@@ -79,6 +79,7 @@ _EXPORTS: dict[str, str] = {
     "UsageError": "memfit.errors",
     "WorkloadError": "memfit.errors",
     "TraceError": "memfit.errors",
+    "DataError": "memfit.errors",
     "UserCodeError": "memfit.errors",
     "DeviceError": "memfit.errors",
     "BudgetTooSmallError": "memfit.errors",
@@ -197,6 +198,9 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
     )
     from memfit.errors import (
         TraceError as TraceError,
+    )
+    from memfit.errors import (
+        DataError as DataError,
     )
     from memfit.errors import (
         UsageError as UsageError,

@@ -53,6 +53,11 @@ class NumericsError(MemfitError, FloatingPointError):
     """A non-finite loss or gradient where the user asked to raise on it."""
 
 
+class DataError(MemfitError, ValueError):
+    """A data file cannot be read, or does not fit its use: a corrupt TIFF, an empty raster, a label volume whose
+    shape differs from its image. The message names the file (and the window or patch being read)."""
+
+
 class DataLoaderMemoryWarning(UserWarning):
     """A Dataset holds large Python containers that every DataLoader worker will copy (pytorch issue 13246)."""
 
