@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memfit import _torch_private as tp
+from memfit._io import atomic_open
 from memfit.errors import DeviceError
 from memfit.workload.loading import load_workload
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
@@ -182,7 +183,7 @@ def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
         where = next((f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in frames
                       if f["filename"].endswith(".py")), "")
         events.append((entry["action"], entry["addr"], entry["size"], where))
-    with gzip.open(path, "wt") as f:
+    with atomic_open(path, what="the allocator trace") as raw, gzip.open(raw, "wt") as f:
         json.dump({"events": events, "stats": {k: v for k, v in stats.items() if k.endswith("peak")}}, f)
 
 
@@ -230,7 +231,7 @@ def _trial_main(argv: list[str] | None = None) -> None:
         if args.snapshot:
             import pickle
 
-            with open(args.snapshot, "wb") as f:
+            with atomic_open(args.snapshot, what="the memory snapshot") as f:  # an interrupt leaves no half file
                 pickle.dump(snap, f)
         if args.trace:
             _write_compact_trace(snap, args.trace, stats)
