@@ -393,10 +393,11 @@ def _usage_line(exc: Exception) -> str:
     text = " ".join(ln.strip() for ln in exc.format_message().splitlines() if ln.strip())  # type: ignore[attr-defined]
     value = _value_given(getattr(exc, "param", None))
     if value is not None and repr(value) not in text and value not in text:
-        text = f"{text.rstrip('.')} (got {value!r})"
+        text = f"{text.rstrip('.')} (got {value!r})."
     ctx = getattr(exc, "ctx", None)
     command = ctx.command_path if ctx is not None else "memfit"
-    return f"{text.rstrip('.')}. See `{command} --help`."
+    end = "" if text.endswith((".", "?", "!")) else "."
+    return f"{text}{end} See `{command} --help`."
 
 
 def _value_given(param: object) -> Optional[str]:
@@ -438,7 +439,7 @@ def main() -> None:
     """
     try:
         # standalone_mode=False hands back typer.Exit codes instead of raising them
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="memfit")  # also as `python -m memfit.cli`
         _exit(code if isinstance(code, int) else 0)
     except MemfitError as exc:
         _error(" ".join(str(exc).split("\n")).strip())

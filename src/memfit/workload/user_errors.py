@@ -33,8 +33,6 @@ _MEMFIT = str(Path(__file__).resolve().parents[1]) + os.sep
 _PROTOCOL = tuple(_MEMFIT + os.path.join("workload", name) for name in ("protocol.py", "spec.py", "loading.py"))
 _STDLIB = tuple({str(Path(p).resolve()) + os.sep for p in (sysconfig.get_paths()["stdlib"],
                                                            sysconfig.get_paths()["platstdlib"])})
-_SITE = tuple({str(Path(p).resolve()) + os.sep for p in (sysconfig.get_paths()["purelib"],
-                                                         sysconfig.get_paths()["platlib"])})
 _MAX_MESSAGE = 300
 
 _HINTS = (
@@ -74,10 +72,11 @@ def _kind(filename: str) -> str:
         return "protocol"
     if path.startswith(_MEMFIT):
         return "memfit"
-    for site in _SITE:
-        if path.startswith(site):
-            top = path[len(site):].split(os.sep, 1)[0]
-            return "torch" if top in ("torch", "functorch", "torchgen") else "library"
+    # any installed package, also one from another environment's site-packages (a .pth file, PYTHONPATH)
+    parts = path.split(os.sep)
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] in ("site-packages", "dist-packages"):
+            return "torch" if parts[i + 1] in ("torch", "functorch", "torchgen") else "library"
     if path.startswith(_STDLIB):
         return "stdlib"
     return "user"
