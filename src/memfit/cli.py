@@ -189,9 +189,11 @@ def measure(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run the same protocol for real on this machine's GPU and report the same fields."""
+    _check_precision(precision)
+    _check_count("--batch-size", batch_size)
+    _output_file(snapshot, "the memory snapshot")
     from memfit.estimate.measure import measure as run_measure
 
-    _output_file(snapshot, "the memory snapshot")
     with _running("measuring"):
         _load(workload, batch_size, precision)  # validate before starting GPU processes
         m = run_measure(workload, batch_size=batch_size, precision=precision, bisect=bisect, snapshot=snapshot)
@@ -235,7 +237,6 @@ def explain(
         _explain_oom_only(oom_text, json_out)
         return
     from memfit.estimate.gpus import gpu_spec
-    from memfit.explain.explanation import explain as run_explain
 
     spec = gpu_spec(gpu)
     _check_precision(precision)
@@ -245,6 +246,8 @@ def explain(
         from memfit._io import check_output_dir
 
         check_output_dir(png_dir, "the pictures")
+    from memfit.explain.explanation import explain as run_explain
+
     with _running("explaining"):
         w = _load(workload, batch_size, precision)
         e = run_explain(w, gpu=spec, budget_bytes=budget_bytes, oom_text=oom_text, fixes=not no_fixes)

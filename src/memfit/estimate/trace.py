@@ -542,7 +542,8 @@ def _failing_op(exc: BaseException) -> str | None:
     op = None
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code is _Recorder.__torch_dispatch__.__code__:
+        code = tb.tb_frame.f_code  # torch wraps __torch_dispatch__ (no dynamo): find the frame by its name
+        if code.co_name == "__torch_dispatch__" and code.co_filename == __file__:
             op = tb.tb_frame.f_locals.get("name", op)
         tb = tb.tb_next
     return op

@@ -56,7 +56,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool) or type(value).__name__ == "bool_"  # NumPy's bool, without importing NumPy
+    # NumPy's bool (numpy.bool_, named numpy.bool in NumPy 2), without importing NumPy
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
 
 
 def _count(name: str, value: Any) -> int:
