@@ -173,6 +173,9 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
         BudgetTooSmallError as BudgetTooSmallError,
     )
     from memfit.errors import (
+        DataError as DataError,
+    )
+    from memfit.errors import (
         DataLoaderMemoryWarning as DataLoaderMemoryWarning,
     )
     from memfit.errors import (
@@ -198,9 +201,6 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
     )
     from memfit.errors import (
         TraceError as TraceError,
-    )
-    from memfit.errors import (
-        DataError as DataError,
     )
     from memfit.errors import (
         UsageError as UsageError,

@@ -125,6 +125,22 @@ def _running(what: str) -> Iterator[None]:
         yield
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from memfit import __version__
+
+        typer.echo(f"memfit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="Print memfit's version and exit."),
+) -> None:
+    """Make PyTorch training fit in GPU memory."""
+
+
 @app.command()
 def estimate(
     workload: str = typer.Argument(..., help="A built-in name (see `memfit list`) or path/to/file.py[:name]."),

@@ -247,8 +247,8 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
         missing = sorted(n for n, f in fields.items() if n not in value and f.default is dataclasses.MISSING
                          and f.default_factory is dataclasses.MISSING)
         if extra or missing:
-            what = "; ".join(filter(None, (missing and f"missing {', '.join(missing)}",
-                                           extra and f"unknown {', '.join(map(str, extra))}")))
+            what = "; ".join(([f"missing {', '.join(missing)}"] if missing else [])
+                             + ([f"unknown {', '.join(map(str, extra))}"] if extra else []))
             raise UsageError(f"{where} does not match this memfit's plan format ({what}). Re-run `memfit plan`.")
         return tp(**{k: _decode(hints[k], v, f"{where}.{k}") for k, v in value.items()})
     if origin in (typing.Union, types.UnionType):

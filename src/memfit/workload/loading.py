@@ -32,7 +32,11 @@ def split_spec(spec: str) -> tuple[str, str]:
     The name follows the *last* colon, and only when the text before it is a ``.py`` path, so a folder with a
     colon in its name (``runs/2024-01-01T10:00/step.py``) still loads.
     """
-    if spec.endswith(".py") or Path(spec).exists():
+    try:
+        exists = Path(spec).exists()
+    except (OSError, ValueError):  # a name too long for a path, or holding a NUL: not a file
+        exists = False
+    if spec.endswith(".py") or exists:
         return spec, ""
     head, colon, tail = spec.rpartition(":")
     if colon and head.endswith(".py"):
@@ -56,6 +60,13 @@ def load_workload(spec: str) -> Workload:
     if not path_part:
         return builtin_workload(spec)
     path = Path(path_part)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise WorkloadError(f"cannot read the workload file {path_part[:80]!r}: {reason}.") from None
     if path.is_dir():
         raise WorkloadError(f"{path_part} is a folder, not a workload file. Name the .py file inside it.")
     if not path.is_file():

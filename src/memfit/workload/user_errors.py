@@ -36,7 +36,8 @@ _STDLIB = tuple({str(Path(p).resolve()) + os.sep for p in (sysconfig.get_paths()
 _MAX_MESSAGE = 300
 
 _HINTS = (
-    (("not linked with support for cuda", "Torch not compiled with CUDA", "no NVIDIA driver"),
+    (("not linked with support for cuda", "Torch not compiled with CUDA", "no NVIDIA driver",
+      "found at least two devices, cpu and cuda"),
      "memfit simulates the GPU with CPU tensors: .cuda(), .to(device) and device='cuda' work in the model and "
      "batch factories, but inside forward create tensors on an input's device (x.device)."),
 )
@@ -63,10 +64,12 @@ def _display_path(file: str) -> str:
 
 
 def _kind(filename: str) -> str:
-    """``memfit``, ``protocol``, ``torch``, ``stdlib``, ``library`` (another installed package: the user's choice,
-    such as timm, or one of memfit's own dependencies, such as rich) or ``user`` (the user's own files)."""
-    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string> (exec'd code), <stdin>
-        return "stdlib" if filename.startswith("<frozen") else "user"
+    """``memfit``, ``protocol``, ``torch``, ``stdlib``, ``generated`` (code without a file), ``library`` (another
+    installed package: the user's choice, such as timm, or one of memfit's own dependencies, such as rich) or
+    ``user`` (the user's own files)."""
+    if filename.startswith("<"):
+        # <frozen importlib._bootstrap>; <string>: code made by exec, a dataclass's __init__ say; <stdin>
+        return "stdlib" if filename.startswith("<frozen") else "generated"
     path = os.path.realpath(filename)
     if path.startswith(_PROTOCOL):
         return "protocol"
