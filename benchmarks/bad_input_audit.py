@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -81,6 +80,8 @@ class Case:
     check: Callable[[Any, Path], bool] | None = None
     """For ``expect="ok"``: CLI (CompletedProcess, folder) or API (result, folder) -> right answer."""
     full_disk: bool = False
+    interrupt: bool = False
+    """Send Ctrl-C (SIGINT) once the file ``started`` appears in the folder."""
     writes: tuple[str, ...] = ()
     """Files a successful run may leave in the folder."""
 
@@ -172,6 +173,11 @@ CLI: list[Case] = [
     Case("--snapshot into a missing folder", "paths", ("measure", "mlp", "--snapshot", "{d}/no/s.pickle"),
          needle="does not exist"),
     Case("stdout is a full device", "paths", ("list",), needle="No space left", code=2),
+    Case("Ctrl-C while planning with --save", "paths", ("plan", "{d}/slow.py", "--budget", "8GiB", "--save",
+                                                        "{d}/plan.json"),
+         files={"slow.py": "import pathlib, time\ndef slow():\n    pathlib.Path(__file__).with_name('started')"
+                ".touch()\n    time.sleep(60)\n" + tiny(**{"lambda: torch.nn.Linear(8, 4)": "slow"})},
+         needle="interrupted", code=130, interrupt=True, writes=("started",)),
     # input files
     Case("--oom unreadable", "files", ("explain", "--oom", "/proc/self/mem"), needle="cannot read the log"),
     Case("--oom a folder", "files", ("explain", "--oom", "{d}"), needle="directory"),
@@ -593,8 +599,20 @@ def run_cli(case: Case, d: Path) -> dict[str, Any]:
     stdout: Any = subprocess.PIPE
     if case.name == "stdout is a full device":
         stdout = open("/dev/full", "w")  # noqa: SIM115
-    out = subprocess.run([sys.executable, "-m", "memfit.cli", *args], stdout=stdout, stderr=subprocess.PIPE,
-                         text=True, timeout=600, cwd=d, env=env, preexec_fn=_full_disk if case.full_disk else None)
+    if case.interrupt:
+        child = subprocess.Popen([sys.executable, "-m", "memfit.cli", *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, cwd=d, env=env,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 300
+        while not (d / "started").exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        so, se = child.communicate(timeout=120)
+        out = subprocess.CompletedProcess(child.args, child.returncode, so, se)
+    else:
+        out = subprocess.run([sys.executable, "-m", "memfit.cli", *args], stdout=stdout, stderr=subprocess.PIPE,
+                             text=True, timeout=600, cwd=d, env=env,
+                             preexec_fn=_full_disk if case.full_disk else None)
     if stdout is not subprocess.PIPE:
         stdout.close()
     lines = out.stderr.strip().splitlines()

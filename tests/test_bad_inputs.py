@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,26 @@ def test_an_existing_plan_survives_a_failed_save(tmp_path: Path) -> None:
     out = run("plan", "mlp", "--budget", "8GiB", "--save", str(target), preexec=_full_disk)
     assert_one_error(out, "cannot write the plan")
     assert target.read_text() == '{"mine": true}' and files_in(tmp_path) == {"plan.json"}
+
+
+def test_ctrl_c_is_one_line_exit_130_and_writes_nothing(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    write(tmp_path, "slow.py", textwrap.dedent(f"""\
+        import pathlib, time
+        def slow():
+            pathlib.Path({str(started)!r}).touch()
+            time.sleep(60)
+        """) + TINY.replace("lambda: torch.nn.Linear(8, 4)", "slow"))
+    child = subprocess.Popen([sys.executable, "-m", "memfit.cli", "plan", "slow.py", "--budget", "8GiB", "--save",
+                              "plan.json"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert_one_error(subprocess.CompletedProcess(child.args, child.returncode, out, err), "interrupted", code=130)
+    assert files_in(tmp_path) == {"slow.py", "started"}
 
 
 # ------------------------------------------------------------------------------------------- input files

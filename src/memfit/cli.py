@@ -459,14 +459,14 @@ def main() -> None:
     try:
         # standalone_mode=False hands back typer.Exit codes instead of raising them
         code = app(standalone_mode=False, prog_name="memfit")  # also as `python -m memfit.cli`
+        if code == EXIT_INTERRUPTED:  # click turned a Ctrl-C into this code, silently
+            _error("interrupted.", EXIT_INTERRUPTED)
         _exit(code if isinstance(code, int) else 0)
     except MemfitError as exc:
         _error(" ".join(str(exc).split("\n")).strip())
     except typer.Exit as exc:
         _exit(exc.exit_code)
-    except typer.Abort:
-        _error("interrupted.", EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
+    except (typer.Abort, KeyboardInterrupt):
         _error("interrupted.", EXIT_INTERRUPTED)
     except SystemExit as exc:
         from memfit.workload.user_errors import system_exit_message, user_place
