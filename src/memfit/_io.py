@@ -56,8 +56,8 @@ def check_output_dir(path: str | os.PathLike[str], what: str = "the output") -> 
     """
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"cannot write {what} into {str(folder)!r}: it is a file, not a folder. "
-                         "Name a folder (it is created if missing).")
+        raise UsageError(f"cannot write {what} into {str(folder)!r}: it is a file, not a directory. "
+                         "Name a directory (it is created if missing).")
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -254,7 +254,7 @@ def _bytes(size: str | None) -> int | None:
     if match is None:
         return None
     number, unit = match.groups()
-    value = int(number) if unit.lower() == "bytes" else parse_bytes(f"{number}{unit}")
+    value = int(number) if unit.lower() == "bytes" else parse_bytes(f"{number}{unit}", at_most=None)
     return None if value >= _NOT_AVAILABLE_BYTES else value
 
 

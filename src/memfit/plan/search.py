@@ -463,9 +463,10 @@ def plan(
         if chosen is None:
             raise BudgetTooSmallError(
                 f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
-                f"the smallest configuration, {smallest.config.label()}, needs {format_bytes(smallest.device_bytes)} "
-                f"(the least of {len(search.estimates)} configurations estimated exactly, micro-batch 1 and full "
-                "checkpointing with every optimizer implementation among them). Try a budget of at least "
+                f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
+                f"({smallest.config.label()}: the least of {len(search.estimates)} configurations estimated "
+                "exactly, micro-batch 1 and full checkpointing with every optimizer implementation among them). "
+                "Try a budget of at least "
                 f"{format_bytes(math.ceil(smallest.device_bytes / (1 - margin)))}, a larger GPU, "
                 + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32" else "")
                 + "sharding across GPUs, or a smaller model or input."
