@@ -68,17 +68,21 @@ def _user_output_to_stderr() -> Iterator[None]:
     """While the user's code runs, what it prints goes to stderr: stdout carries memfit's answer alone (``--json``
     must parse). Both Python's ``sys.stdout`` and file descriptor 1 (C extensions print there) are redirected."""
     sys.stdout.flush()
-    saved_fd = os.dup(1)
+    try:
+        saved_fd: Optional[int] = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no file descriptor 1 or 2 (a daemon): Python's stdout alone
+        saved_fd = None
     saved = sys.stdout
-    os.dup2(2, 1)
     sys.stdout = sys.stderr
     try:
         yield
     finally:
         sys.stdout.flush()
         sys.stdout = saved
-        os.dup2(saved_fd, 1)
-        os.close(saved_fd)
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
 
 
 @contextlib.contextmanager
@@ -401,9 +405,9 @@ def _exit(code: int) -> NoReturn:
 
 
 def _usage_error_type() -> type[Exception]:
-    """The ``UsageError`` class that typer raises. typer >= 0.22 bundles its own copy of click (``typer._click``),
-    so ``click.exceptions.UsageError`` from an installed click is another class that never matches; typer's public
-    ``BadParameter`` derives from the right one, with either layout."""
+    """The ``UsageError`` class that typer raises. Recent typer releases bundle their own copy of click
+    (``typer._click``, 0.29 here), so ``click.exceptions.UsageError`` from an installed click is another class
+    that never matches; typer's public ``BadParameter`` derives from the right one, with either layout."""
     return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 

@@ -178,6 +178,9 @@ def system_exit_message(exc: SystemExit, during: str, stderr_tail: str = "") -> 
     place = user_place(exc)
     at = f" at {place}" if place is not None else ""
     said = f" ({stderr_tail.strip()})" if stderr_tail.strip() else ""
-    return (f"{during} called sys.exit({exc.code!r}){at}{said}: memfit cannot continue without the workload. "
-            "Put the script part of the file (argument parsing, the training loop) under "
-            "`if __name__ == \"__main__\":`.")
+    if place is not None and place.function != "<module>":
+        fix = "Raise an exception there instead, so memfit can say what went wrong."
+    else:
+        fix = ("Put the script part of the file (argument parsing, the training loop) under "
+               "`if __name__ == \"__main__\":`.")
+    return f"{during} called sys.exit({exc.code!r}){at}{said}: memfit cannot continue without the workload. {fix}"
