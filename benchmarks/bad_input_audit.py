@@ -9,6 +9,7 @@ traceback, nothing the user owns lost or half-written; a valid input gets the ri
 * ``traceback``: a traceback, several lines, or (API) an exception that is not a ``MemfitError``;
 * ``silent-wrong``: exit 0 or no exception where an error was due, or a wrong answer;
 * ``leftover``: files left behind (a temporary file, a half-written output);
+* ``hang``: no answer in ``HANG_S`` seconds;
 * ``other``: the right kind of message with the wrong exit code, or a message missing what it must say.
 
 Writes ``bad_input_audit_<yyyymmdd>.json`` (one row per case) and ``.md`` (the summary and every failure). The
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+HANG_S = 180  # the slowest case takes about 10 s on 2 cores
 
 TINY = """\
 import torch, memfit
@@ -610,9 +612,12 @@ def run_cli(case: Case, d: Path) -> dict[str, Any]:
         so, se = child.communicate(timeout=120)
         out = subprocess.CompletedProcess(child.args, child.returncode, so, se)
     else:
-        out = subprocess.run([sys.executable, "-m", "memfit.cli", *args], stdout=stdout, stderr=subprocess.PIPE,
-                             text=True, timeout=600, cwd=d, env=env,
-                             preexec_fn=_full_disk if case.full_disk else None)
+        try:
+            out = subprocess.run([sys.executable, "-m", "memfit.cli", *args], stdout=stdout, stderr=subprocess.PIPE,
+                                 text=True, timeout=HANG_S, cwd=d, env=env,
+                                 preexec_fn=_full_disk if case.full_disk else None)
+        except subprocess.TimeoutExpired:  # killed: a hang (an endless loop over a huge batch, say)
+            return {"exit": None, "stderr": f"no answer in {HANG_S} s", "verdict": "hang"}
     if stdout is not subprocess.PIPE:
         stdout.close()
     lines = out.stderr.strip().splitlines()
@@ -695,6 +700,8 @@ def main() -> None:
                 row["verdict"] = "leftover"
             if extra:
                 row["left"] = sorted(extra)[:5]
+            if case.group == "silent-wrong" and row["verdict"] in ("other", "traceback"):
+                row["verdict"] = "silent-wrong"  # e.g. "nothing fits" where something does: a wrong answer
         row.update(name=case.name, group=case.group, kind="cli" if case.api is None else "api",
                    seconds=round(time.perf_counter() - t0, 2))
         rows.append(row)

@@ -259,7 +259,7 @@ def test_a_memfit_bug_is_exit_1_and_says_so() -> None:
 
 
 def test_a_valid_zero_dim_softmax_is_estimated(tmp_path: Path) -> None:
-    # memfit's own ZeroDivisionError on a 0-d softmax was once reported as "your training step failed"
+    # softmax backward's scratch rule takes the softmax dimension modulo the rank: a 0-d input has rank 0
     write(tmp_path, "softmax0.py", textwrap.dedent("""
         import torch
         class Net(torch.nn.Linear):
@@ -327,7 +327,7 @@ def test_plan_finds_the_true_minimum_before_saying_nothing_fits() -> None:
 
     mlp = memfit.builtin_workload("mlp")
     # micro-batch 256 x 1 with the fused optimizer needs 1.42 GiB; the memory lines (fitted with accumulation on)
-    # put it over 1.47 GiB, where the planner once said that nothing fits
+    # put it over 1.47 GiB, so only the exact check of the smallest configurations finds it
     p = plan(mlp, budget_bytes=int(1.47 * 2**30))
     c = p.chosen.config
     assert (c.micro_batch, c.accumulation_steps, c.optimizer_impl) == (256, 1, "fused") and p.chosen.verified

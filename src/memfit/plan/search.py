@@ -499,19 +499,21 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     """Estimate exactly the configurations most likely to need the least memory; the fastest that fits (or None)
     and the smallest.
 
-    For each precision and memory format the search has: micro-batch 1 and the whole effective batch at once
-    (no accumulation, so no gradients alive in forward), each without checkpointing and with every block
-    checkpointed; then the smallest of those with every optimizer implementation the optimizer has. Each is also
-    tried with expandable segments when fragmentation is what keeps it out.
+    For each precision the search has: micro-batch 1 and the whole effective batch at once (no accumulation, so
+    no gradients alive in forward), each without checkpointing and with every block checkpointed; then the
+    smallest of those with every optimizer implementation the optimizer has. Each is also tried with expandable
+    segments when fragmentation is what keeps it out. The memory format stays the workload's: channels_last is a
+    speed knob, and each format would double the traces of a path that can already take minutes on a large model.
     """
     facts = search.facts
     eff = search.effective
     full = tuple(facts.blocks) if facts is not None else ()
     configs = []
-    for base in {(s.precision, s.optimizer_impl, s.channels_last) for s in structures}:
+    for precision, impl in dict.fromkeys((s.precision, s.optimizer_impl) for s in structures):
         for checkpoint in dict.fromkeys(((), full)):
             for micro in dict.fromkeys((1, eff)):
-                configs.append(_Structure(base[0], checkpoint, base[1], base[2]).config(micro, eff))
+                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last)
+                configs.append(structure.config(micro, eff))
     found = [verified(search, c) for c in configs]
     smallest = min(found, key=lambda c: c.device_bytes)
     impls = ["default", *(facts.optimizer_impls if facts is not None else ())]
