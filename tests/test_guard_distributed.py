@@ -51,6 +51,8 @@ def global_batches() -> list[dict[str, torch.Tensor]]:
 def rank_slice(scenario: str, rank: int) -> slice:
     if scenario == "uneven":  # 20 samples on rank 0, 12 on rank 1: weights must follow the global count
         return slice(0, 20) if rank == 0 else slice(20, 32)
+    if scenario == "empty_batch_on_one_rank":  # the last shard of an epoch: rank 1 has nothing
+        return slice(0, GLOBAL_BATCH) if rank == 0 else slice(GLOBAL_BATCH, GLOBAL_BATCH)
     half = GLOBAL_BATCH // 2
     return slice(rank * half, (rank + 1) * half)
 
@@ -162,7 +164,8 @@ def run_ranks(scenarios: list[str], out_dir: Path, backend: str = "gloo") -> dic
 
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    return run_ranks([*SCENARIOS, "non_oom_error_on_one_rank"], tmp_path_factory.mktemp("gloo"))
+    return run_ranks([*SCENARIOS, "non_oom_error_on_one_rank", "empty_batch_on_one_rank"],
+                     tmp_path_factory.mktemp("gloo"))
 
 
 def reference_params(scenario: str) -> dict[str, torch.Tensor]:
@@ -206,6 +209,15 @@ def test_non_oom_error_on_one_rank_stops_the_other_quickly(gloo_results: dict[st
     assert results[1]["error_type"] == "ValueError"
     assert results[0]["error_type"] == "RankAgreementError"
     assert "Rank(s) [1] failed" in results[0]["error"]
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_with_an_empty_batch_takes_a_zero_sample_step(gloo_results: dict[str, list[dict[str, Any]]]) -> None:
+    # rank 1 has no samples: it reports at once (rank 0 does not wait for the timeout) and both apply rank 0's
+    # gradient, the gradient of the global mean
+    results = gloo_results["empty_batch_on_one_rank"]
+    check_identical_and_reference(results, "empty_batch_on_one_rank")
+    assert results[0]["sizes"] == [8, 8, 8] and results[1]["ooms"] == [0, 0, 0]
 
 
 @pytest.mark.timeout(120)

@@ -77,7 +77,6 @@ def test_value_dependent_branch_traces_but_warns_about_the_value() -> None:
 # entries of each class); strict: when memfit learns to trace one, the test fails until the mark is removed
 FAILURES = [
     ("grouped_mm_experts", "meta-stricter-than-CUDA", "_grouped_mm's meta kernel refuses fp32; CPU runs it"),
-    ("module_to_after_build", "other", "Module.to() in the factory cannot swap fake parameters (peft's LoRA)"),
 ]
 
 
@@ -87,6 +86,7 @@ FIXED = [
     ("frozen_embedding_head", "a hook registered on a parameter with requires_grad=False"),
     ("dice_dims_from_tensor", "torch.arange(2, ndim).tolist() read zeros, so the dims repeated"),
     ("sparse_skipgram_sparseadam", "nbytes of a sparse gradient"),
+    ("module_to_after_build", "Module.to() in the factory could not swap fake parameters (peft's LoRA)"),
 ]
 
 

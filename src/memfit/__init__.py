@@ -79,6 +79,8 @@ _EXPORTS: dict[str, str] = {
     "UsageError": "memfit.errors",
     "WorkloadError": "memfit.errors",
     "TraceError": "memfit.errors",
+    "DataError": "memfit.errors",
+    "UserCodeError": "memfit.errors",
     "DeviceError": "memfit.errors",
     "BudgetTooSmallError": "memfit.errors",
     "StepOOMError": "memfit.errors",
@@ -171,6 +173,9 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
         BudgetTooSmallError as BudgetTooSmallError,
     )
     from memfit.errors import (
+        DataError as DataError,
+    )
+    from memfit.errors import (
         DataLoaderMemoryWarning as DataLoaderMemoryWarning,
     )
     from memfit.errors import (
@@ -199,6 +204,9 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
     )
     from memfit.errors import (
         UsageError as UsageError,
+    )
+    from memfit.errors import (
+        UserCodeError as UserCodeError,
     )
     from memfit.errors import (
         WorkloadError as WorkloadError,

@@ -41,10 +41,45 @@ def check_output_path(path: str | os.PathLike[str], what: str = "the output") ->
     if not folder.is_dir():
         raise UsageError(f"cannot write {what} to {str(target)!r}: the folder {str(folder)!r} does not exist. "
                          "Create it first or name another path.")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {what} to {str(target)!r}: the folder {str(folder)!r} is not writable. "
-                         "Name a path in a folder you can write to.")
+    problem = _unwritable(folder)
+    if problem:
+        raise UsageError(f"cannot write {what} to {str(target)!r}: the folder {str(folder)!r} is not writable "
+                         f"({problem}). Name a path in a folder you can write to.")
     return target
+
+
+def check_output_dir(path: str | os.PathLike[str], what: str = "the output") -> Path:
+    """``path`` as a folder memfit may write files into: a writable folder, or one it can create.
+
+    Raises:
+        UsageError: one line naming the path and what to do.
+    """
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"cannot write {what} into {str(folder)!r}: it is a file, not a directory. "
+                         "Name a directory (it is created if missing).")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    problem = _unwritable(existing) if existing.is_dir() else "not a folder"
+    if problem:
+        raise UsageError(f"cannot write {what} into {str(folder)!r}: {str(existing)!r} is not writable "
+                         f"({problem}). Name a folder you can write to.")
+    return folder
+
+
+def _unwritable(folder: Path) -> str:
+    """Why no file can be created in ``folder``, or ''. A real probe: permission bits say nothing for root,
+    a read-only mount or an ACL."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "permission denied"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".memfit-probe-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return ""
 
 
 @contextlib.contextmanager

@@ -7,7 +7,8 @@ If a torch release moves one of these, this is the only module to change. Checke
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -376,3 +377,43 @@ def sdpa_backward_flops(grad_shape: tuple, query_shape: tuple, key_shape: tuple,
     from torch.utils.flop_counter import sdpa_backward_flop_count
 
     return int(sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape))
+
+
+# -- Module._apply (behind .to(), .cuda(), .half()) ---------------------------------------------------------------
+
+def _apply_without_swap(memo: dict[int, tuple[torch.Tensor, torch.nn.Parameter]]) -> Any:
+    def _apply(module: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+        if recurse:
+            for child in module.children():
+                child._apply(fn)
+        for key, param in module._parameters.items():
+            if param is None:
+                continue
+            with torch.no_grad():
+                applied = fn(param)
+            if applied is param:
+                continue
+            if id(param) not in memo:  # the old one is kept with it, so its id is not reused meanwhile
+                memo[id(param)] = (param, torch.nn.Parameter(applied, requires_grad=param.requires_grad))
+            module._parameters[key] = memo[id(param)][1]
+        for key, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[key] = fn(buffer)
+        return module
+
+    return _apply
+
+
+@contextlib.contextmanager
+def module_apply_without_swap() -> Iterator[None]:
+    """Inside: ``Module._apply`` puts a new ``Parameter`` in the module (one per old one, so tied weights stay
+    tied) instead of swapping tensors in place, which FakeTensorMode's weak references forbid ("_apply(): Couldn't
+    swap Linear.weight"). Only while nothing else holds the parameters (before the optimizer is built)."""
+    original = torch.nn.Module._apply
+    memo: dict[int, tuple[torch.Tensor, torch.nn.Parameter]] = {}
+    torch.nn.Module._apply = _apply_without_swap(memo)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original  # type: ignore[method-assign]
+        memo.clear()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
@@ -14,6 +18,11 @@ from memfit.errors import MemfitError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Make PyTorch training fit in GPU memory.")
 
 EXIT_USAGE = 2
+"""Bad input: a usage error, a bad file or value, an error in the user's own code."""
+EXIT_BUG = 1
+"""memfit's own bug: one line asking for a report (``MEMFIT_TRACEBACK=1`` adds the traceback)."""
+EXIT_INTERRUPTED = 130
+MAX_COUNT = 2**31 - 1  # memfit.workload.spec.MAX_BATCH_SIZE, without importing it (and torch's types) to start
 
 
 def _fail(message: str) -> NoReturn:
@@ -25,19 +34,121 @@ _DROP_OUTPUT_HELP = ("Predict the loss-only step (the output dropped before back
                      "and HF Trainer do) instead of the plain loop that keeps it alive.")
 
 
-def _load(spec: str, batch_size: Optional[int], precision: Optional[str], drop_output: bool = False):  # noqa: ANN202
-    from memfit.workload.loading import load_workload
+def _check_count(option: str, value: Optional[int]) -> None:
+    if value is not None and value < 1:
+        _fail(f"{option} must be a positive integer, got {value}.")
+    if value is not None and value > MAX_COUNT:
+        shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:27]}..."
+        _fail(f"{option} must be at most {MAX_COUNT}, got {shown}.")
+
+
+def _check_precision(precision: Optional[str]) -> None:
     from memfit.workload.spec import PRECISIONS
 
     if precision is not None and precision not in PRECISIONS:
         _fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
-    if batch_size is not None and batch_size < 1:
-        _fail(f"--batch-size must be a positive integer, got {batch_size}.")
+
+
+def _load(spec: str, batch_size: Optional[int], precision: Optional[str], drop_output: bool = False):  # noqa: ANN202
+    from memfit.workload.loading import load_workload
+
+    _check_precision(precision)
+    _check_count("--batch-size", batch_size)
     workload = load_workload(spec)
     changes = {k: v for k, v in (("batch_size", batch_size), ("precision", precision)) if v is not None}
     if drop_output:
         changes["keep_output"] = False
     return workload.replace(**changes) if changes else workload
+
+
+def _output_file(path: Optional[str], what: str) -> None:
+    """Fail now, not after minutes of work, when ``path`` cannot be written."""
+    if path is not None:
+        from memfit._io import check_output_path
+
+        check_output_path(path, what)
+
+
+@contextlib.contextmanager
+def _user_output_to_stderr() -> Iterator[None]:
+    """While the user's code runs, what it prints goes to stderr: stdout carries memfit's answer alone (``--json``
+    must parse). Both Python's ``sys.stdout`` and file descriptor 1 (C extensions print there) are redirected."""
+    sys.stdout.flush()
+    try:
+        saved_fd: Optional[int] = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no file descriptor 1 or 2 (a daemon): Python's stdout alone
+        saved_fd = None
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = saved
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+
+@contextlib.contextmanager
+def _progress(what: str) -> Iterator[None]:
+    """A spinner on stderr saying what memfit does (its INFO log lines: each trace, each model build) and for
+    how long. Only on a terminal: a pipe or a log file gets memfit's warnings as plain lines, nothing else."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    import logging
+
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                   transient=True)
+    task = bar.add_task(what)
+
+    class _ToSpinner(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if record.levelno >= logging.WARNING:
+                console.print(f"memfit: warning: {text}", markup=False, highlight=False)
+            else:
+                bar.update(task, description=f"{what}: {text}")
+
+    logger = logging.getLogger("memfit")
+    handler, level = _ToSpinner(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with bar:
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _running(what: str) -> Iterator[None]:
+    """Around the work that runs the user's code: their output to stderr, and the spinner."""
+    with _user_output_to_stderr(), _progress(what):
+        yield
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from memfit import __version__
+
+        typer.echo(f"memfit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="Print memfit's version and exit."),
+) -> None:
+    """Make PyTorch training fit in GPU memory."""
 
 
 @app.command()
@@ -52,11 +163,13 @@ def estimate(
     drop_output: bool = typer.Option(False, "--drop-output", help=_DROP_OUTPUT_HELP),
 ) -> None:
     """Predict the peak GPU memory of a training step, without a GPU."""
-    from memfit.estimate.predict import estimate as run_estimate
+    from memfit.estimate.gpus import gpu_spec
     from memfit.units import parse_bytes
 
     budget_bytes = parse_bytes(budget) if budget is not None else None
-    w = _load(workload, batch_size, precision, drop_output)
+    spec = gpu_spec(gpu)
+    _check_precision(precision)
+    _check_count("--batch-size", batch_size)
     if compare:
         import torch
 
@@ -64,13 +177,17 @@ def estimate(
         if not torch.cuda.is_available():
             _fail("--compare also measures on this machine's GPU, and no CUDA GPU is visible. "
                   "Drop --compare to estimate only, or run it on a GPU machine.")
-    est = run_estimate(w, gpu=gpu)
-    measured = None
-    if compare:
-        from memfit.estimate.measure import measure
+    from memfit.estimate.predict import estimate as run_estimate
 
-        measured = measure(workload, batch_size=batch_size, precision=precision, hint_bytes=est.fits_in_bytes,
-                           changes={"keep_output": False} if drop_output else None)
+    with _running("estimating"):
+        w = _load(workload, batch_size, precision, drop_output)
+        est = run_estimate(w, gpu=spec)
+        measured = None
+        if compare:
+            from memfit.estimate.measure import measure
+
+            measured = measure(workload, batch_size=batch_size, precision=precision, hint_bytes=est.fits_in_bytes,
+                               changes={"keep_output": False} if drop_output else None)
     if json_out:
         import json
 
@@ -101,11 +218,15 @@ def measure(
     drop_output: bool = typer.Option(False, "--drop-output", help=_DROP_OUTPUT_HELP),
 ) -> None:
     """Run the same protocol for real on this machine's GPU and report the same fields."""
+    _check_precision(precision)
+    _check_count("--batch-size", batch_size)
+    _output_file(snapshot, "the memory snapshot")
     from memfit.estimate.measure import measure as run_measure
 
-    _load(workload, batch_size, precision, drop_output)  # validate before starting GPU processes
-    m = run_measure(workload, batch_size=batch_size, precision=precision, bisect=bisect, snapshot=snapshot,
-                    changes={"keep_output": False} if drop_output else None)
+    with _running("measuring"):
+        _load(workload, batch_size, precision, drop_output)  # validate before starting GPU processes
+        m = run_measure(workload, batch_size=batch_size, precision=precision, bisect=bisect, snapshot=snapshot,
+                        changes={"keep_output": False} if drop_output else None)
     if json_out:
         import json
 
@@ -146,11 +267,22 @@ def explain(
             _fail("give a workload (a built-in name or path/to/file.py) or --oom with a CUDA OOM message.")
         _explain_oom_only(oom_text, json_out)
         return
+    from memfit.estimate.gpus import gpu_spec
+
+    spec = gpu_spec(gpu)
+    _check_precision(precision)
+    _check_count("--batch-size", batch_size)
+    _output_file(report, "the report")
+    if png_dir is not None:
+        from memfit._io import check_output_dir
+
+        check_output_dir(png_dir, "the pictures")
     from memfit.explain.explanation import explain as run_explain
 
-    w = _load(workload, batch_size, precision, drop_output)
-    e = run_explain(w, gpu=gpu, budget_bytes=budget_bytes, oom_text=oom_text, fixes=not no_fixes)
-    written = _write_pictures(e, report, png_dir)
+    with _running("explaining"):
+        w = _load(workload, batch_size, precision, drop_output)
+        e = run_explain(w, gpu=spec, budget_bytes=budget_bytes, oom_text=oom_text, fixes=not no_fixes)
+        written = _write_pictures(e, report, png_dir)
     if json_out:
         typer.echo(e.to_json(indent=2))
         return
@@ -208,36 +340,41 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print the Plan as versioned JSON."),
 ) -> None:
     """The fastest training configuration that fits a memory budget, with the frontier of alternatives."""
+    from memfit.estimate.gpus import gpu_spec
     from memfit.units import parse_bytes
 
     budget_bytes = parse_bytes(budget)
-    if effective_batch is not None and effective_batch < 1:
-        _fail(f"--effective-batch must be a positive integer, got {effective_batch}.")
+    _check_count("--effective-batch", effective_batch)
     if not 0 <= margin < 0.5:
         _fail(f"--margin must be between 0 and 0.5, got {margin}.")
-    w = _load(workload, None, precision)
-    calibration = None
-    if calibrate:
-        from memfit.speed.step_time import calibrate as run_calibration
+    spec = gpu_spec(gpu)
+    _check_precision(precision)
+    _output_file(save, "the plan")
+    _output_file(plot, "the picture")
+    with _running("planning"):
+        w = _load(workload, None, precision)
+        calibration = None
+        if calibrate:
+            from memfit.speed.step_time import calibrate as run_calibration
 
-        calibration = run_calibration(w)
-    if patch:
-        from memfit.plan.patch import plan_patch
+            calibration = run_calibration(w)
+        if patch:
+            from memfit.plan.patch import plan_patch
 
-        result = plan_patch(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=gpu, margin=margin,
-                            calibration=calibration)
-    else:
-        from memfit.plan.search import plan as run_plan
+            result = plan_patch(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=spec,
+                                margin=margin, calibration=calibration)
+        else:
+            from memfit.plan.search import plan as run_plan
 
-        result = run_plan(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=gpu, margin=margin,
-                          allow_precision_change=allow_precision_change, calibration=calibration)
-    written = []
-    if save is not None:
-        written.append(str(result.save(save)))
-    if plot is not None:
-        from memfit.report.figures import save_frontier_png
+            result = run_plan(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=spec, margin=margin,
+                              allow_precision_change=allow_precision_change, calibration=calibration)
+        written = []
+        if save is not None:
+            written.append(str(result.save(save)))
+        if plot is not None:
+            from memfit.report.figures import save_frontier_png
 
-        written.append(str(save_frontier_png(result, plot)))
+            written.append(str(save_frontier_png(result, plot)))
     if json_out:
         typer.echo(result.to_json(indent=2))
         return
@@ -267,29 +404,97 @@ def _exit(code: int) -> NoReturn:
     exit_now(code)
 
 
+def _usage_error_type() -> type[Exception]:
+    """The ``UsageError`` class that typer raises. Recent typer releases bundle their own copy of click
+    (``typer._click``, 0.29 here), so ``click.exceptions.UsageError`` from an installed click is another class
+    that never matches; typer's public ``BadParameter`` derives from the right one, with either layout."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _usage_line(exc: Exception) -> str:
+    """A click usage error as one line: the message, then where to look."""
+    text = " ".join(ln.strip() for ln in exc.format_message().splitlines() if ln.strip())  # type: ignore[attr-defined]
+    value = _value_given(getattr(exc, "param", None))
+    if value is not None and repr(value) not in text and value not in text:
+        text = f"{text.rstrip('.')} (got {value!r})."
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "memfit"
+    end = "" if text.endswith((".", "?", "!")) else "."
+    return f"{text}{end} See `{command} --help`."
+
+
+def _value_given(param: object) -> Optional[str]:
+    """What the command line gave the option ``param`` (click's message does not always repeat it)."""
+    opts = getattr(param, "opts", None) or []
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):
+        for opt in opts:
+            if arg == opt and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(opt + "="):
+                return arg[len(opt) + 1:]
+    return None
+
+
+def _bug(exc: BaseException) -> NoReturn:
+    """memfit's own failure: one line that says so, the traceback only when asked for."""
+    from memfit.workload.user_errors import memfit_place, one_line
+
+    if os.environ.get("MEMFIT_TRACEBACK"):
+        import traceback
+
+        traceback.print_exception(exc)
+    typer.echo(f"memfit: error: this is a memfit bug, please report it: {one_line(exc)} at {memfit_place(exc)}. "
+               "Set MEMFIT_TRACEBACK=1 to print the traceback.", err=True)
+    _exit(EXIT_BUG)
+
+
+def _error(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    typer.echo(f"memfit: error: {message}", err=True)
+    _exit(code)
+
+
 def main() -> None:
-    """The ``memfit`` console script. It ends the process (see ``_exit``): call ``app`` to embed the CLI."""
+    """The ``memfit`` console script. It ends the process (see ``_exit``): call ``app`` to embed the CLI.
+
+    Exit codes: 0 success; 2 bad input (usage, values, files, an error in the user's code), one line on stderr;
+    1 a memfit bug, one line asking for a report; 130 interrupted.
+    """
     try:
         # standalone_mode=False hands back typer.Exit codes instead of raising them
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="memfit")  # also as `python -m memfit.cli`
+        if code == EXIT_INTERRUPTED:  # click turned a Ctrl-C into this code, silently
+            _error("interrupted.", EXIT_INTERRUPTED)
         _exit(code if isinstance(code, int) else 0)
     except MemfitError as exc:
-        typer.echo(f"memfit: error: {exc}", err=True)
-        _exit(EXIT_USAGE)
+        _error(" ".join(str(exc).split("\n")).strip())
     except typer.Exit as exc:
         _exit(exc.exit_code)
-    except typer.BadParameter as exc:  # pragma: no cover - click formats these
-        typer.echo(f"memfit: error: {exc}", err=True)
-        _exit(EXIT_USAGE)
-    except Exception as exc:  # click usage errors and aborts
-        import click
+    except (typer.Abort, KeyboardInterrupt):
+        _error("interrupted.", EXIT_INTERRUPTED)
+    except SystemExit as exc:
+        from memfit.workload.user_errors import system_exit_message, user_place
 
-        if isinstance(exc, click.exceptions.UsageError):
-            typer.echo(f"memfit: error: {exc.format_message()}", err=True)
-            _exit(EXIT_USAGE)
-        if isinstance(exc, click.exceptions.Abort):
-            _exit(130)
-        raise
+        if user_place(exc) is None:  # not from the user's code: let it end the process as asked
+            raise
+        _error(system_exit_message(exc, "the workload"))
+    except Exception as exc:
+        if isinstance(exc, _usage_error_type()):
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `memfit`: the help, as click shows it
+                typer.echo(exc.format_message(), err=True)  # type: ignore[attr-defined]
+                _exit(EXIT_USAGE)
+            _error(_usage_line(exc))
+        from memfit.workload.user_errors import user_code_error
+
+        error = user_code_error(exc, during="your code", require_user_frame=True)
+        if error is not None:
+            _error(str(error))
+        if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
+            where = f" ({exc.filename})" if exc.filename else ""
+            _error(f"{exc.strerror or exc}{where}. Check the path and its permissions, and free disk space.")
+        if isinstance(exc, MemoryError):
+            _error("the host ran out of memory. Close other programs, or try a smaller batch or model.")
+        _bug(exc)
 
 
 if __name__ == "__main__":

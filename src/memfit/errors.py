@@ -20,6 +20,11 @@ class WorkloadError(MemfitError, ValueError):
     """A workload file or built-in could not be loaded or built."""
 
 
+class UserCodeError(WorkloadError):
+    """The user's own code (a factory, the model's forward, the loss) raised: the message names the file and line,
+    the module and the op, and the user's exception is the ``__cause__``."""
+
+
 class TraceError(MemfitError, RuntimeError):
     """The training step could not be traced without a GPU (an op with no fake implementation, say)."""
 
@@ -46,6 +51,11 @@ class RankAgreementError(MemfitError, RuntimeError):
 
 class NumericsError(MemfitError, FloatingPointError):
     """A non-finite loss or gradient where the user asked to raise on it."""
+
+
+class DataError(MemfitError, ValueError):
+    """A data file cannot be read, or does not fit its use: a corrupt TIFF, an empty raster, a label volume whose
+    shape differs from its image. The message names the file (and the window or patch being read)."""
 
 
 class DataLoaderMemoryWarning(UserWarning):

@@ -89,12 +89,29 @@ class PreprocessCache:
         self.key = transform_key(transform, self.params)
         self.root = Path(root)
         self.directory = self.root / self.key[:16]
+        self.unwritable: str | None = None
+        """Why the cache cannot store items (a read-only folder, a full disk), once ``get`` found out: it then
+        computes every item, uncached, rather than fail the epoch."""
+        try:
+            self._prepare()
+        except OSError as exc:
+            self._give_up_writing(exc)
+
+    def _prepare(self) -> None:
+        """The cache directory and its manifest, made again if someone deleted them while it was in use."""
         self.directory.mkdir(parents=True, exist_ok=True)
         manifest = self.directory / "manifest.json"
         if not manifest.exists():
             write_atomic(manifest, json.dumps(
                 {"key": self.key, "params": self.params, "format": _FORMAT}, default=_json_default, indent=1
             ), what="the cache manifest")
+
+    def _give_up_writing(self, exc: OSError) -> None:
+        if self.unwritable is None:
+            self.unwritable = exc.strerror or str(exc)
+            logger.warning("the preprocessing cache %s cannot be written (%s): items are computed without "
+                           "caching, every epoch. Give PreprocessCache a writable folder.", self.directory,
+                           self.unwritable)
 
     def path(self, index: int) -> Path:
         return self.directory / f"{int(index):08d}.npz"
@@ -103,22 +120,47 @@ class PreprocessCache:
         return self.path(index).exists()
 
     def get(self, index: int, load: Callable[[], Any]) -> Any:
-        """The cached output for ``index``, computing it from ``load()`` and storing it on a miss."""
+        """The cached output for ``index``, computing it from ``load()`` and storing it on a miss.
+
+        A damaged item (a truncated file, say) is computed again and replaced; a cache that cannot be written
+        (read-only, deleted and not re-creatable, full) computes the item uncached, with one warning.
+        """
         path = self.path(index)
         if path.exists():
-            return _read(path)
+            try:
+                return _read(path)
+            except Exception as exc:  # damaged on disk: recompute it below, overwriting the file
+                logger.warning("cache item %s is damaged (%s: %s); computing it again", path,
+                               type(exc).__name__, exc)
         value = self.transform(load(), **self.params)
-        _write(path, value)
+        if self.unwritable is not None:
+            return _read_back(value)
+        try:
+            self._prepare()  # the folder may have been deleted since
+            _write(path, value)
+        except OSError as exc:
+            self._give_up_writing(exc)
+            return _read_back(value)
         return _read(path)  # return what later epochs will see, so the first epoch is not subtly different
 
     def fill(self, indices: Iterable[int], load: Callable[[int], Any]) -> CacheFill:
         """Compute and store every missing index; safe to interrupt and call again (it resumes)."""
         written = skipped = 0
+        try:
+            self._prepare()
+        except OSError as exc:
+            raise UsageError(f"cannot fill the preprocessing cache {self.directory}: {exc.strerror or exc}. Give "
+                             "PreprocessCache a folder you can write to.") from None
         for index in indices:
             if index in self:
                 skipped += 1
                 continue
-            _write(self.path(index), self.transform(load(index), **self.params))
+            try:
+                _write(self.path(index), self.transform(load(index), **self.params))
+            except OSError as exc:
+                raise UsageError(f"cannot write item {index} of the preprocessing cache {self.directory}: "
+                                 f"{exc.strerror or exc}. {written} items were written; free space (or give a "
+                                 "writable folder) and call fill again: it resumes.") from None
             written += 1
         size = sum(p.stat().st_size for p in self.directory.iterdir() if p.is_file())
         logger.info("cache %s: %d written, %d already present", self.directory, written, skipped)
@@ -183,5 +225,17 @@ def _read(path: Path) -> Any:
         if kind == "dict":
             return {k[2:]: data[k] for k in data.files if k.startswith("d_")}
         if kind == "tuple":
-            return tuple(data[k] for k in sorted(k for k in data.files if k.startswith("t_")))
+            # by number: "t_10000" sorts before "t_1001" as text
+            return tuple(data[k] for k in sorted((k for k in data.files if k.startswith("t_")),
+                                                 key=lambda k: int(k[2:])))
         return data["a"]
+
+
+def _read_back(value: Any) -> Any:
+    """What ``_read`` would return for ``value`` once written: the same kinds and arrays, without a file."""
+    kind, arrays = _to_arrays(value)
+    if kind == "dict":
+        return {k[2:]: v for k, v in arrays.items()}
+    if kind == "tuple":
+        return tuple(arrays[k] for k in sorted(arrays, key=lambda k: int(k[2:])))
+    return arrays["a"]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from memfit.errors import UsageError
+from memfit.errors import DataError, UsageError
 from memfit.records import JsonRecord
 
 logger = logging.getLogger(__name__)
@@ -96,9 +96,15 @@ class PatchSampler(JsonRecord):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+        size = self.patch_size
+        if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 3 or not all(
+            _is_int(v) and int(v) >= 1 for v in size
+        ):  # 1.5 is an error, not a patch of 1
             raise UsageError(f"patch_size must be three positive ints (z, y, x), got {self.patch_size!r}.")
-        if not 0.0 <= self.foreground_fraction <= 1.0:
+        object.__setattr__(self, "patch_size", tuple(int(v) for v in size))
+        if not _is_int(self.seed):
+            raise UsageError(f"seed must be an integer, got {self.seed!r}.")
+        if isinstance(self.foreground_fraction, (bool, str)) or not 0.0 <= self.foreground_fraction <= 1.0:
             raise UsageError(f"foreground_fraction must be in [0, 1], got {self.foreground_fraction}.")
 
     def sample(self, shapes: Sequence[tuple[int, int, int]], foreground: ForegroundIndex | None, *, count: int,
@@ -111,6 +117,9 @@ class PatchSampler(JsonRecord):
         """
         rng = np.random.default_rng((self.seed, epoch))
         shapes_a = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
+        if not len(shapes_a) or (shapes_a <= 0).any():
+            raise DataError(f"patches need volumes with at least one voxel along every axis, got shapes "
+                            f"{[tuple(map(int, s)) for s in shapes_a]}. Remove the empty volumes.")
         patch = np.asarray(self.patch_size, dtype=np.int64)
         out = np.zeros(count, dtype=PATCH_DTYPE)
         forced = np.zeros(count, dtype=bool)
@@ -149,6 +158,24 @@ def read_patch(volume: Any, corner: Sequence[int], size: Sequence[int], *, fill:
     return out
 
 
+def _is_int(value: Any) -> bool:
+    return not isinstance(value, (bool, np.bool_)) and hasattr(type(value), "__index__")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def _open_volume(path: str, what: str) -> Any:
+    """A ``.npy`` volume as a read-only memmap, or a DataError naming the file."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except Exception as exc:
+        raise DataError(f"cannot open the {what} {path}: {_one_line(exc)}. Volumes are .npy files "
+                        "(numpy.save).") from exc
+
+
 def _torch_dataset_base() -> type:
     import torch.utils.data
 
@@ -172,12 +199,25 @@ class PatchDataset(_torch_dataset_base()):  # type: ignore[misc]
     def __init__(self, images: Sequence[str | os.PathLike[str]], labels: Sequence[str | os.PathLike[str]], *,
                  sampler: PatchSampler, samples_per_epoch: int,
                  transform: Callable[[Any, Any], tuple[Any, Any]] | None = None) -> None:
+        if not _is_int(samples_per_epoch) or samples_per_epoch < 0:
+            raise UsageError(f"samples_per_epoch must be a whole number of patches, got {samples_per_epoch!r}.")
         if len(images) != len(labels) or not images:
             raise UsageError(f"Need one label per image and at least one pair; got {len(images)} and {len(labels)}.")
         self.images = [os.fspath(p) for p in images]
         self.labels = [os.fspath(p) for p in labels]
-        label_arrays = [np.load(p, mmap_mode="r") for p in self.labels]
+        label_arrays = [_open_volume(p, "label volume") for p in self.labels]
         self.shapes = [tuple(int(s) for s in a.shape) for a in label_arrays]
+        for image_path, label_path, shape in zip(self.images, self.labels, self.shapes):
+            image_shape = tuple(int(s) for s in _open_volume(image_path, "image volume").shape)
+            if len(shape) != 3 or 0 in shape:
+                raise DataError(f"the label volume {label_path} has shape {shape}: labels must be (z, y, x) with "
+                                "at least one voxel along every axis.")
+            if len(image_shape) not in (3, 4) or image_shape[-3:] != shape:
+                raise DataError(
+                    f"the image {image_path} has shape {image_shape} but its label {label_path} has {shape}: the "
+                    "spatial shapes (z, y, x) must be equal, or every patch would pair voxels that do not match. "
+                    "Check the pairing of the two lists, or resample one of them."
+                )
         self.foreground = index_foreground(label_arrays, seed=sampler.seed)
         del label_arrays
         self.sampler = sampler
@@ -199,7 +239,12 @@ class PatchDataset(_torch_dataset_base()):  # type: ignore[misc]
         p = self.patches[index]
         v = int(p["volume"])
         corner = (p["z"], p["y"], p["x"])
-        image = read_patch(np.load(self.images[v], mmap_mode="r"), corner, self.sampler.patch_size)
-        label = read_patch(np.load(self.labels[v], mmap_mode="r"), corner, self.sampler.patch_size)
-        pair = torch.from_numpy(image), torch.from_numpy(label)
+        pair_arrays = []
+        for path in (self.images[v], self.labels[v]):
+            try:
+                pair_arrays.append(read_patch(np.load(path, mmap_mode="r"), corner, self.sampler.patch_size))
+            except Exception as exc:  # a file changed or damaged since the dataset was made: name it
+                raise DataError(f"cannot read patch {index} at (z, y, x) = {tuple(int(c) for c in corner)} of "
+                                f"{path}: {_one_line(exc)}.") from exc
+        pair = torch.from_numpy(pair_arrays[0]), torch.from_numpy(pair_arrays[1])
         return self.transform(*pair) if self.transform is not None else pair

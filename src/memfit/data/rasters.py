@@ -28,7 +28,7 @@ import numpy as np
 
 from memfit.data._optional import require
 from memfit.data.storage import PackedStrings
-from memfit.errors import UsageError
+from memfit.errors import DataError, MissingExtraError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ class RasterSource:
         else:
             self.height, self.width, self.bands = shape
         self.dtype = np.dtype(array.dtype)
+        if 0 in (self.bands, self.height, self.width):
+            raise DataError(f"the raster is empty: shape {shape} has {self.height} rows, {self.width} columns and "
+                            f"{self.bands} bands. Remove it from the list, or check how it was written.")
 
     def read(self, row: int, col: int, height: int, width: int, *, fill: float = 0) -> np.ndarray:
         """Copy one window out as a ``(bands, height, width)`` array; parts outside the raster are ``fill``."""
@@ -113,8 +116,28 @@ def open_raster(path: str | os.PathLike[str], *, channel_axis: int | None | Lite
 
     Uncompressed contiguous TIFFs are memory-mapped; compressed or tiled ones (most GeoTIFFs) are read through
     tifffile's Zarr store so that only the tiles under a window are decoded. Pyramids are read at full resolution.
+
+    Raises:
+        DataError: the file is missing, unreadable, corrupt or empty (the message names it).
     """
     path = os.fspath(path)
+    try:
+        return _open_raster(path, channel_axis)
+    except (UsageError, MissingExtraError):
+        raise
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None
+    except Exception as exc:  # a corrupt, truncated or unreadable file: say which
+        raise DataError(f"cannot open the raster {path}: {_one_line(exc)}. Check the file (re-export or "
+                        "re-download it), or remove it from the list.") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def _open_raster(path: str, channel_axis: int | None | Literal["auto"]) -> RasterSource:
     lower = path.lower().rstrip("/")
     if lower.endswith(".npy"):
         return RasterSource(np.load(path, mmap_mode="r"), channel_axis=channel_axis)
@@ -166,9 +189,9 @@ def grid_windows(
     Returns:
         A structured array of dtype :data:`WINDOW_DTYPE`, row-major.
     """
-    size_hw = (size, size) if isinstance(size, int) else tuple(size)
-    if min(size_hw) <= 0:
-        raise UsageError(f"Window size must be positive, got {size!r}.")
+    size_hw = _window_size(size)
+    if not _is_int(overlap):
+        raise UsageError(f"overlap must be a whole number of pixels, got {overlap!r}.")
     if not 0 <= overlap < min(size_hw):
         raise UsageError(f"overlap must be in [0, {min(size_hw)}) for size {size!r}, got {overlap}.")
     if edge not in ("shift", "pad", "drop"):
@@ -183,6 +206,19 @@ def grid_windows(
     windows["height"] = size_hw[0]
     windows["width"] = size_hw[1]
     return windows
+
+
+def _is_int(value: Any) -> bool:
+    return not isinstance(value, (bool, np.bool_)) and hasattr(type(value), "__index__")
+
+
+def _window_size(size: Any) -> tuple[int, int]:
+    """``size`` (one int or two) as ``(height, width)`` in whole pixels; 1.5 is an error, not 1."""
+    size_hw = (size, size) if not isinstance(size, (tuple, list, np.ndarray)) else tuple(size)
+    if len(size_hw) != 2 or not all(_is_int(v) and int(v) > 0 for v in size_hw):
+        raise UsageError(f"Window size must be one positive whole number of pixels or two (height, width), "
+                         f"got {size!r}.")
+    return int(size_hw[0]), int(size_hw[1])
 
 
 class _OpenRasters:
@@ -280,9 +316,17 @@ class TileDataset(_torch_dataset_base()):  # type: ignore[misc]
         import torch
 
         w = self._window(index)
-        tile = self._rasters.get(int(w["source"])).read(
-            int(w["row"]), int(w["col"]), int(w["height"]), int(w["width"]), fill=self.fill
-        )
+        source, row, col, height, width = (int(w[k]) for k in ("source", "row", "col", "height", "width"))
+        try:
+            tile = self._rasters.get(source).read(row, col, height, width, fill=self.fill)
+        except DataError:
+            raise
+        except Exception as exc:  # a truncated or corrupt tile: name the file and the window, mid-epoch too
+            raise DataError(
+                f"cannot read tile {index} (rows {row}-{row + height}, columns {col}-{col + width}) of "
+                f"{self._rasters.paths[source]}: {_one_line(exc)}. The file is damaged there: re-export or "
+                "re-download it, or remove it from the list."
+            ) from exc
         tensor = torch.from_numpy(tile)
         return self.transform(tensor) if self.transform is not None else tensor
 
@@ -303,8 +347,8 @@ class RandomTileDataset(TileDataset):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        size_hw = (size, size) if isinstance(size, int) else tuple(size)
-        if length < 0 or not paths:
+        size_hw = _window_size(size)
+        if not _is_int(length) or length < 0 or not paths:
             raise UsageError(f"RandomTileDataset needs paths and length >= 0, got {len(paths)} paths, {length}.")
         self._heights = np.zeros(len(paths), dtype=np.int64)
         self._widths = np.zeros(len(paths), dtype=np.int64)

@@ -122,6 +122,8 @@ DEFAULT_GPU = "h100"
 
 def gpu_spec(name: str | None = None) -> GpuSpec:
     """The spec for ``name`` (``h100``, ``h200``, ``a100``, ``rtx4090``); default H100."""
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise UsageError(f"name a GPU: one of {', '.join(GPUS)}, got {name!r}.")
     key = (name or DEFAULT_GPU).lower().replace("-", "").replace(" ", "")
     if key not in GPUS:
         raise UsageError(f"unknown GPU {name!r}: choose one of {', '.join(GPUS)}.")

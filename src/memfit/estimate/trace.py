@@ -19,20 +19,22 @@ import traceback
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from memfit import _torch_private as tp
-from memfit.errors import TraceError, WorkloadError
+from memfit.errors import MemfitError, TraceError
 from memfit.estimate import values
 from memfit.estimate import workspaces as ws
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
+from memfit.estimate.device_calls import user_device_calls
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.op_costs import OpCost, OpCounter
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload.spec import Workload
+from memfit.workload.user_errors import user_code_error
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +419,9 @@ class _Recorder(tp.TorchDispatchMode):
             return 0
         if name == "_softmax_backward_data":
             x = args[0]
-            return ws.softmax_backward_bytes(x.numel() * x.element_size(), args[2] % x.dim() == x.dim() - 1)
+            # a 0-d softmax has one element along its only (implicit) dimension: the last one
+            last = x.dim() == 0 or args[2] % x.dim() == x.dim() - 1
+            return ws.softmax_backward_bytes(x.numel() * x.element_size(), last)
         if name in ("native_layer_norm", "native_layer_norm_backward"):
             x = args[0] if name == "native_layer_norm" else args[1]
             # the CUDA kernel makes a contiguous copy of a permuted input (ConvNeXt, Swin)
@@ -569,14 +573,22 @@ class _OldObjectsFrozen:
 
 
 def _trace(workload: Workload, gpu: GpuSpec, *, steps: int, real: bool = False) -> Trace:
-    with _OldObjectsFrozen() as old_objects:
-        return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects, real=real)
+    quiet = _QuietFakeTensorLog()
+    _FAKE_TENSOR_LOG.addFilter(quiet)
+    try:
+        with _OldObjectsFrozen() as old_objects:
+            return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects, real=real)
+    finally:
+        _FAKE_TENSOR_LOG.removeFilter(quiet)
 
 
 def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen,
                   real: bool = False) -> Trace:
     """One traced run of the protocol; ``real``: on real CPU tensors (every op computes) instead of fake ones."""
     recorder = _Recorder(gpu)
+    # progress for the CLI's spinner (memfit.cli._progress): a large model can take minutes to build
+    log.info("building %s (batch %d × %d, %s)", workload.name, workload.batch_size, workload.accumulation_steps,
+             workload.precision)
     recorder.real = real
     fake_mode: Any = (contextlib.nullcontext() if real else
                       tp.StaticShapeFakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False))
@@ -588,15 +600,15 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
     try:
         with fake_mode, recorder, CudaSemantics():
             try:
-                model, optimizer, batch = build(
-                    workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
-                    configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
-                )
-            except (TraceError, WorkloadError):
-                raise
+                with user_device_calls():  # Net().cuda(), .to(device), device="cuda" in the factories
+                    model, optimizer, batch = build(
+                        workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
+                        configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
+                    )
             except Exception as exc:
-                raise WorkloadError(f"building the model, optimizer or batch failed: {type(exc).__name__}: {exc}") from exc
+                _raise_blamed(exc, "building the model, the optimizer or the batch", recorder)
             old_objects.freeze(collect=True)  # the model, the optimizer, the libraries imported to build them
+            log.info("tracing %d training steps of %s", steps, workload.name)
             _register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
             try:
@@ -609,12 +621,8 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
                     # weights): each is traced; a fake one repeats the first (see _replay_forward_backward)
                     replay=None if real else functools.partial(_replay_forward_backward, recorder, optimizer),
                 )
-            except (TraceError, WorkloadError, _ValuesNeededToTrace):
-                raise
             except Exception as exc:
-                raise TraceError(
-                    f"the training step failed under fake tensors: {type(exc).__name__}: {exc}"
-                ) from exc
+                _raise_blamed(exc, f"the training step ({recorder.phase}, step {recorder.step})", recorder)
             del model, optimizer, batch, scaler
     finally:
         for h in hooks:
@@ -625,6 +633,41 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
     end = next(at for at, name, _ in reversed(trace.phase_marks) if name == "end")
     del trace.ops[end:], trace.keys[end:]
     return trace
+
+
+def _raise_blamed(exc: Exception, during: str, recorder: _Recorder) -> NoReturn:
+    """Re-raise what the user's code raised as one line naming its file, line, module and op; memfit's own
+    errors (a ``MemfitError``, or a bug raised by memfit's code) go on unchanged, and so does the request for a
+    real step (``_ValuesNeededToTrace``)."""
+    if not isinstance(exc, (MemfitError, _ValuesNeededToTrace)):
+        module = recorder.module_stack[-1] if recorder.module_stack else None
+        error = user_code_error(exc, during=during, module=module, op=_failing_op(exc))
+        if error is not None:
+            raise error from exc
+    raise exc
+
+
+def _failing_op(exc: BaseException) -> str | None:
+    """The ATen op the recorder was dispatching when ``exc`` was raised (its ``name``), if any."""
+    op = None
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code  # torch wraps __torch_dispatch__ (no dynamo): find the frame by its name
+        if code.co_name == "__torch_dispatch__" and code.co_filename == __file__:
+            op = tb.tb_frame.f_locals.get("name", op)
+        tb = tb.tb_next
+    return op
+
+
+class _QuietFakeTensorLog(logging.Filter):
+    """Keeps FakeTensorMode's "failed while attempting to run meta" (a 27-line traceback) out of the log during a
+    trace: the same error reaches the user once, as one line naming the place in their code."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
+_FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 
 
 def _repeat_last_step(trace: Trace, times: int) -> bool:

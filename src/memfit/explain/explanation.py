@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from memfit.errors import MemfitError
+from memfit.errors import MemfitError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.categories import MemoryCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
@@ -146,6 +146,10 @@ def explain(
         True
     """
     started = time.perf_counter()
+    if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
+                                     or budget_bytes <= 0):
+        raise UsageError(f"budget_bytes must be a positive number of bytes (an int), got {budget_bytes!r}. "
+                         "For a size like '24GiB' use memfit.units.parse_bytes.")
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     config = allocator if allocator is not None else AllocatorConfig.from_env()
     trace = trace_workload(workload, spec)

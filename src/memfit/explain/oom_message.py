@@ -183,6 +183,14 @@ def load_oom_text(arg: str) -> str:
         if "\n" not in arg and arg.strip().lower().endswith(_LOG_SUFFIXES):
             raise UsageError(f"no such log file: {arg}. Check the path, or paste the OOM message in quotes.")
         return arg
+    try:
+        return _excerpt(arg, path)
+    except OSError as exc:
+        raise UsageError(f"cannot read the log {arg}: {exc.strerror or exc}. Check its permissions, or paste the "
+                         "OOM message in quotes.") from None
+
+
+def _excerpt(arg: str, path: Path) -> str:
     offset = _last_anchor_offset(path)
     if offset is None:
         raise UsageError(
@@ -268,7 +276,7 @@ def _bytes(size: str | None) -> int | None:
     if match is None:
         return None
     number, unit = match.groups()
-    value = int(number) if unit.lower() == "bytes" else parse_bytes(f"{number}{unit}")
+    value = int(number) if unit.lower() == "bytes" else parse_bytes(f"{number}{unit}", at_most=None)
     return None if value >= _NOT_AVAILABLE_BYTES else value
 
 

@@ -11,7 +11,9 @@ side channel before any gradient is reduced (``memfit.guard.agreement``). See ``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -27,7 +29,7 @@ from memfit.guard.agreement import FATAL, OK, OOM, RankChannel, Report, broadcas
 from memfit.guard.numerics import LossWatch
 from memfit.guard.oom import is_oom
 from memfit.guard.rollback import Snapshot, memory_in_use, resolve_device
-from memfit.guard.sizing import MicroBatchSizer
+from memfit.guard.sizing import UNBOUNDED, MicroBatchSizer
 from memfit.records import NOT_IN_JSON, JsonRecord
 from memfit.units import format_bytes
 from memfit.workload.spec import PRECISIONS, Precision, default_forward
@@ -62,18 +64,28 @@ class GuardConfig:
     """Distributed only: how long a rank waits for the others before raising RankAgreementError."""
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise UsageError(f"micro_batch_size must be at least 1 or None, got {self.micro_batch_size}.")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise UsageError(f"max_grad_norm must be positive or None, got {self.max_grad_norm}.")
-        if self.grow_after is not None and self.grow_after < 1:
-            raise UsageError(f"grow_after must be at least 1 or None, got {self.grow_after}.")
-        if self.on_nonfinite not in ("raise", "skip", "ignore"):
+        for name in ("micro_batch_size", "grow_after"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+                raise UsageError(f"{name} must be an integer of at least 1, or None, got {value!r}.")
+            if operator.index(value) < 1:
+                raise UsageError(f"{name} must be at least 1 or None, got {value}.")
+            object.__setattr__(self, name, operator.index(value))
+        for name in ("max_grad_norm", "agree_timeout_s"):
+            value = getattr(self, name)
+            if value is None and name == "max_grad_norm":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(type(value), "__float__"):
+                raise UsageError(f"{name} must be a positive number, got {value!r}.")
+            if not float(value) > 0:  # also NaN
+                raise UsageError(f"{name} must be positive{' or None' if name == 'max_grad_norm' else ''}, "
+                                 f"got {value}.")
+        if not isinstance(self.on_nonfinite, str) or self.on_nonfinite not in ("raise", "skip", "ignore"):
             raise UsageError(f"on_nonfinite must be 'raise', 'skip' or 'ignore', got {self.on_nonfinite!r}.")
-        if not self.agree_timeout_s > 0:
-            raise UsageError(f"agree_timeout_s must be positive, got {self.agree_timeout_s}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +137,13 @@ class _Failure:
     reserved_bytes: int | None
 
 
+def _count(value: Any, name: str, least: int = 0) -> int:
+    """An integer field of a saved state, checked."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__") or operator.index(value) < least:
+        raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    return operator.index(value)
+
+
 class TrainStep:
     """One optimizer step per call, split into micro-batches, retried at a smaller size after an OOM.
 
@@ -164,6 +183,10 @@ class TrainStep:
         process_group: Any = None,
         **config: Any,
     ) -> None:
+        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(GuardConfig)})
+        if unknown:
+            raise UsageError(f"TrainStep got unknown keyword argument(s) {', '.join(unknown)}; it takes forward_fn, "
+                             "splitter, count_fn, scaler, device, process_group and the fields of GuardConfig.")
         self.config = GuardConfig(**config)
         self.model = model
         self.optimizer = optimizer
@@ -233,8 +256,11 @@ class TrainStep:
             torch.cuda.reset_peak_memory_stats(self._run_device.index)
         ooms = 0
         while True:
-            size = self._sizer.size_for(n_batch)
-            micro_batches = self.splitter.split(batch, size)
+            # a rank with no samples reports the size the others run at, so every rank's metrics agree
+            size = self._sizer.size_for(n_batch) if n_batch > 0 else (self._sizer.size or 0)
+            # an empty batch (the last shard of an epoch on some rank) is a step of zero samples: nothing to run,
+            # but the rank still reports, so under DDP the others do not wait for it until the timeout
+            micro_batches = self.splitter.split(batch, size) if n_batch > 0 else []
             counts = self._counts(micro_batches)
             samples = sum(counts)
             weights = [c / samples if samples else 0.0 for c in counts]
@@ -243,6 +269,8 @@ class TrainStep:
             nonfinite_index = self._nonfinite_index(loss_index) if failure is None else None
             if failure is not None:
                 proposal = self._sizer.shrink_proposal(key, size)  # 0: already at 1, cannot split further
+            elif n_batch == 0:
+                proposal = self._sizer.size if self._sizer.size is not None else UNBOUNDED  # no news on memory
             else:
                 proposal = self._sizer.keep_or_grow_proposal(key, size, n_batch, baseline_bytes)
             reports = self._agree(
@@ -505,12 +533,36 @@ class TrainStep:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next step starts at the remembered micro-batch size."""
+        """Resume from :meth:`state_dict`: the next step starts at the remembered micro-batch size.
+
+        Raises:
+            UsageError: ``state`` is not a whole TrainStep state of this schema (nothing is changed then).
+        """
+        if not isinstance(state, dict):
+            raise UsageError(f"TrainStep.load_state_dict takes the dict of TrainStep.state_dict(), got "
+                             f"{type(state).__name__}.")
         if state.get("schema") != _SCHEMA:
             raise UsageError(f"TrainStep state has schema {state.get('schema')!r}; this memfit reads {_SCHEMA}.")
+        missing = [k for k in self.state_dict() if k not in state]
+        if missing:
+            raise UsageError(f"TrainStep state is missing {', '.join(missing)}: pass the whole dict that "
+                             "TrainStep.state_dict() returned (a partial state would resume half the guard).")
+        try:
+            counters = {k: _count(state[k], k) for k in ("steps", "total_ooms", "skipped_steps", "clean_steps")}
+            size = state["micro_batch_size"]
+            if size is not None:
+                _count(size, "micro_batch_size", least=1)
+            for key, n in state["failed_sizes"]:
+                _count(n, "failed_sizes", least=1)
+                for shape in key:
+                    for extent in shape:
+                        _count(extent, "a failed_sizes shape")
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"TrainStep state is malformed: {exc}. Pass the dict TrainStep.state_dict() "
+                             "returned.") from None
         self._sizer.load_state_dict(state)
-        self.steps = int(state["steps"])
-        self.total_ooms = int(state["total_ooms"])
-        self.skipped_steps = int(state["skipped_steps"])
+        self.steps = counters["steps"]
+        self.total_ooms = counters["total_ooms"]
+        self.skipped_steps = counters["skipped_steps"]
         if state.get("scaler") is not None and self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])

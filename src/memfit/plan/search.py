@@ -13,8 +13,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,8 +32,14 @@ from memfit.guard.step import TrainStep
 from memfit.records import JsonRecord
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
-from memfit.workload.knobs import apply_checkpointing, checkpoint_choices, model_facts, set_optimizer_impl
-from memfit.workload.spec import OptimizerImpl, Precision, Workload
+from memfit.workload.knobs import (
+    ModelFacts,
+    apply_checkpointing,
+    checkpoint_choices,
+    model_facts,
+    set_optimizer_impl,
+)
+from memfit.workload.spec import OPTIMIZER_IMPLS, PRECISIONS, OptimizerImpl, Precision, Workload
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +62,21 @@ class Config:
     channels_last: bool = False
     expandable_segments: bool = False
     patch_size: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch", "accumulation_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"Config.{name} must be a positive integer, got {value!r}.")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"Config.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise UsageError(f"Config.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, "
+                             f"got {self.optimizer_impl!r}.")
+        if self.patch_size is not None and not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.patch_size
+        ):
+            raise UsageError(f"Config.patch_size must be positive integers, got {self.patch_size!r}.")
 
     @property
     def effective_batch(self) -> int:
@@ -142,32 +166,49 @@ class Plan(JsonRecord):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
-        """Read a plan written by ``save`` (plain JSON; nothing is unpickled)."""
+        """Read a plan written by ``save`` (plain JSON; nothing is unpickled).
+
+        Raises:
+            UsageError: the file is missing, unreadable, not JSON, or not a plan of this schema (every field is
+                checked: its presence, its type, its range).
+        """
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise UsageError(f"plan file not found: {path}.") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"cannot read the plan {path}: {exc}.") from None
-        return cls.from_dict(data)
+        except IsADirectoryError:
+            raise UsageError(f"cannot read the plan {path}: it is a directory. Name the .json file.") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read the plan {path}: {exc.strerror or exc}.") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"cannot read the plan {path}: not UTF-8 text ({exc.reason} at byte {exc.start}). "
+                             "Re-run `memfit plan ... --save`.") from None
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"cannot read the plan {path}: not JSON ({exc.msg}, line {exc.lineno}). "
+                             "Re-run `memfit plan ... --save`.") from None
+        except RecursionError:
+            raise UsageError(f"cannot read the plan {path}: its JSON nests too deeply to be a plan.") from None
+        try:
+            return cls.from_dict(data)
+        except UsageError as exc:
+            raise UsageError(f"{path} is not a memfit plan: {exc}") from None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The plan of a ``to_dict()``, every field checked.
+
+        Raises:
+            UsageError: one line naming the first field that is missing, extra, of the wrong type or out of range.
+        """
+        if not isinstance(data, dict):
+            raise UsageError(f"a plan is a JSON object, got {_json_kind(data)}. Re-run `memfit plan ... --save`.")
         if data.get("schema") != SCHEMA:
             raise UsageError(f"plan schema {data.get('schema')!r} is not {SCHEMA}: re-run `memfit plan`.")
-
-        def candidate(d: dict[str, Any]) -> Candidate:
-            c = dict(d["config"])
-            c["checkpoint"] = tuple(c.get("checkpoint", ()))
-            if c.get("patch_size") is not None:
-                c["patch_size"] = tuple(c["patch_size"])
-            return Candidate(**{**d, "config": Config(**c)})
-
-        return cls(**{
-            **data,
-            "chosen": candidate(data["chosen"]),
-            "frontier": [candidate(c) for c in data["frontier"]],
-        })
+        plan = _decode(cls, data, "plan")
+        if not 0 <= plan.margin < 0.5 or plan.budget_bytes <= 0 or plan.effective_batch < 1:
+            raise UsageError(f"plan.margin, budget_bytes or effective_batch out of range ({plan.margin!r}, "
+                             f"{plan.budget_bytes!r}, {plan.effective_batch!r}). Re-run `memfit plan ... --save`.")
+        return plan
 
     def workload_for(self, workload: Workload) -> Workload:
         """``workload`` configured as planned (estimate or measure it to check)."""
@@ -193,6 +234,54 @@ class Plan(JsonRecord):
         return TrainStep(
             model, optimizer, loss_fn, precision=c.precision, micro_batch_size=c.micro_batch, **train_step_kwargs
         )
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _decode(tp: Any, value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) as the type ``tp`` of a results dataclass field, or a UsageError naming ``where``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise UsageError(f"{where} must be an object, got {_json_kind(value)}.")
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
+        extra = sorted(set(value) - set(fields))
+        missing = sorted(n for n, f in fields.items() if n not in value and f.default is dataclasses.MISSING
+                         and f.default_factory is dataclasses.MISSING)
+        if extra or missing:
+            what = "; ".join(([f"missing {', '.join(missing)}"] if missing else [])
+                             + ([f"unknown {', '.join(map(str, extra))}"] if extra else []))
+            raise UsageError(f"{where} does not match this memfit's plan format ({what}). Re-run `memfit plan`.")
+        return tp(**{k: _decode(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _decode(next(a for a in args if a is not type(None)), value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise UsageError(f"{where} must be a list, got {_json_kind(value)}.")
+        return [_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise UsageError(f"{where} must be a list, got {_json_kind(value)}.")
+        return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict or tp is Any:
+        return value
+    if origin is typing.Literal:  # a fixed vocabulary (precision, optimizer implementation): one of its words
+        if value not in args:
+            raise UsageError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}.")
+        return value
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+          str: lambda v: isinstance(v, str)}[tp]
+    if not ok(value):
+        raise UsageError(f"{where} must be {_json_kind(tp())}, got {value!r:.60}.")
+    return float(value) if tp is float else value
 
 
 def _enable_expandable_segments() -> None:
@@ -250,6 +339,8 @@ class Search:
         self.context_bytes = gpu.cuda_context_bytes  # until an estimate says whether the step calls cuBLAS
         self.traces: dict[Config, Any] = {}
         self.runs = 0
+        self.facts: ModelFacts | None = None
+        """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
 
     def estimate(self, config: Config) -> Estimate:
         if config not in self.estimates:
@@ -373,21 +464,28 @@ def plan(
     workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
     search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
     structures, models = _memory_models(search)
-    micros = [d for d in range(1, eff + 1) if eff % d == 0]
+    micros = divisors(eff)
     scored = [
         _score(search, models[s], s.config(m, eff)) for s in structures for m in micros
     ]
     chosen, notes = _verify_best(search, scored)
-    frontier = _frontier([c for c in scored if c.step_time_s is not None] + ([chosen] if chosen else []))
     if chosen is None:
-        smallest = min(search.estimates.values(), key=lambda e: e.device_upper_bytes)
-        raise BudgetTooSmallError(
-            f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
-            f"the smallest configuration found needs {format_bytes(smallest.device_upper_bytes)} "
-            f"(micro-batch {smallest.batch_size}). Try a larger GPU, "
-            + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32" else "")
-            + "sharding across GPUs, or a smaller model or input."
-        )
+        # the memory lines are fitted with accumulation on and can miss the smallest configuration (no
+        # accumulation keeps the gradients out of forward): estimate the smallest of each kind exactly
+        chosen, smallest = _smallest_exactly(search, structures)
+        if chosen is None:
+            raise BudgetTooSmallError(
+                f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
+                f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
+                f"({smallest.config.label()}: the least of {len(search.estimates)} configurations estimated "
+                "exactly, micro-batch 1 and full checkpointing with every optimizer implementation among them). "
+                "Try a budget of at least "
+                f"{format_bytes(math.ceil(smallest.device_bytes / (1 - margin)))}, a larger GPU, "
+                + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32" else "")
+                + "sharding across GPUs, or a smaller model or input."
+            )
+        notes.append(f"only {chosen.config.label()} fits, found by estimating the smallest configurations exactly")
+    frontier = _frontier([c for c in scored if c.step_time_s is not None] + [chosen])
     return Plan(
         workload=workload.name,
         gpu=spec.name,
@@ -402,6 +500,47 @@ def plan(
         notes=notes,
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending, in O(sqrt(n)) steps (an effective batch may be large)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Candidate | None, Candidate]:
+    """Estimate exactly the configurations most likely to need the least memory; the fastest that fits (or None)
+    and the smallest.
+
+    For each precision the search has: micro-batch 1 and the whole effective batch at once (no accumulation, so
+    no gradients alive in forward), each without checkpointing and with every block checkpointed; then the
+    smallest of those with every optimizer implementation the optimizer has. Each is also tried with expandable
+    segments when fragmentation is what keeps it out. The memory format stays the workload's: channels_last is a
+    speed knob, and each format would double the traces of a path that can already take minutes on a large model.
+    """
+    facts = search.facts
+    eff = search.effective
+    full = tuple(facts.blocks) if facts is not None else ()
+    configs = []
+    for precision, impl in dict.fromkeys((s.precision, s.optimizer_impl) for s in structures):
+        for checkpoint in dict.fromkeys(((), full)):
+            for micro in dict.fromkeys((1, eff)):
+                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last)
+                configs.append(structure.config(micro, eff))
+    found = [verified(search, c) for c in configs]
+    smallest = min(found, key=lambda c: c.device_bytes)
+    impls = ["default", *(facts.optimizer_impls if facts is not None else ())]
+    for other in dict.fromkeys(impls):
+        if other != smallest.config.optimizer_impl:
+            found.append(verified(search, dataclasses.replace(smallest.config, optimizer_impl=other)))
+    if not search.allocator.expandable_segments:
+        found += [verified(search, dataclasses.replace(c.config, expandable_segments=True))
+                  for c in list(found) if not c.fits]
+    fitting = [c for c in found if c.fits]
+    if fitting:
+        return min(fitting, key=lambda c: (c.step_time_s if c.step_time_s is not None else float("inf"),
+                                           c.device_bytes)), smallest
+    return None, min(found, key=lambda c: c.device_bytes)
 
 
 def check_budget(budget_bytes: int, margin: float) -> None:
@@ -420,14 +559,14 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     supports it: fused needs no temporaries and launches the fewest kernels, so it dominates foreach and for-loop.
     """
     w, eff = search.workload, search.effective
-    facts = model_facts(w)
+    facts = search.facts = model_facts(w)
     opt: OptimizerImpl = w.optimizer_impl
     if opt in ("default", "foreach") and "fused" in facts.optimizer_impls:
         opt = "fused"
     precisions: list[Precision] = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
     formats = [w.channels_last] + ([True] if facts.has_conv and not w.channels_last else [])
     b_lo = 1
-    b_mid = max(d for d in range(1, max(1, eff // 2) + 1) if eff % d == 0)
+    b_mid = max(d for d in divisors(eff) if d <= max(1, eff // 2))
     structures: list[_Structure] = []
     models: dict[_Structure, _MemoryModel] = {}
     for precision in precisions:

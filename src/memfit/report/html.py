@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memfit import __version__
-from memfit._io import check_output_path, write_atomic
+from memfit._io import check_output_dir, check_output_path, write_atomic
 from memfit.errors import UsageError
 from memfit.report import figures
 from memfit.report.figures import CATEGORY_COLORS, CATEGORY_LABELS, png_bytes
@@ -69,11 +69,12 @@ def write_pngs(explanation: Explanation, directory: str | os.PathLike[str]) -> l
         UsageError: ``directory`` exists and is not a directory, or one of the names is a directory.
         MissingExtraError: matplotlib is not installed (``pip install 'memfit[report]'``).
     """
-    folder = Path(directory)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"cannot write the pictures into {str(folder)!r}: it is a file, not a directory. "
-                         "Name a directory (it is created if missing).")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = check_output_dir(directory, "the pictures")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the folder {str(folder)!r} for the pictures: {exc.strerror or exc}. "
+                         "Name a folder you can write to.") from None
     written = []
     for stem, func, _ in _PICTURES:
         target = check_output_path(folder / f"{stem}.png", "a picture")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from memfit.errors import WorkloadError
-from memfit.workload.spec import OPTIMIZER_IMPLS, Workload
+from memfit.workload.spec import OPTIMIZER_IMPLS, OptimizerImpl, Workload
 
 _CHECKPOINTED = "_memfit_checkpointed"
 _INDEX = re.compile(r"^\d+$")
@@ -148,7 +148,7 @@ def set_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> torch.opt
         raise WorkloadError(f"{cls.__name__} cannot run {impl!r} here: {exc}") from exc
 
 
-def optimizer_impls_for(optimizer: torch.optim.Optimizer) -> list[str]:
+def optimizer_impls_for(optimizer: torch.optim.Optimizer) -> list[OptimizerImpl]:
     """The implementations ``set_optimizer_impl`` can give this optimizer class."""
     accepted = inspect.signature(type(optimizer).__init__).parameters
     return [i for i in ("foreach", "for-loop", "fused") if ("fused" if i == "fused" else "foreach") in accepted]
@@ -161,7 +161,7 @@ class ModelFacts:
     has_batchnorm: bool
     has_conv: bool
     blocks: tuple[str, ...]
-    optimizer_impls: tuple[str, ...]
+    optimizer_impls: tuple[OptimizerImpl, ...]
 
 
 def model_facts(workload: Workload) -> ModelFacts:

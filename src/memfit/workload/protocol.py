@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from memfit.errors import WorkloadError
 from memfit.workload.knobs import apply_checkpointing, set_optimizer_impl
 from memfit.workload.spec import Workload
 
@@ -77,6 +78,9 @@ def build(
     phase("init", 0)
     with torch.device(device):
         model = workload.model()
+        if not isinstance(model, torch.nn.Module):
+            raise WorkloadError(f"Workload.model() returned a {type(model).__name__}, not a torch.nn.Module: the "
+                                "factory must build and return the model, e.g. model=lambda: MyNet(...).")
         if workload.channels_last:
             to_channels_last(model)
         if workload.checkpoint:

@@ -20,6 +20,7 @@ Example (a file ``my_step.py`` that ``memfit estimate my_step.py`` loads)::
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -47,6 +48,33 @@ def default_forward(model: Any, batch: Any) -> Any:
     if isinstance(batch, dict):
         return model(**batch)
     return model(batch)
+
+
+MAX_BATCH_SIZE = 2**31 - 1
+"""The largest batch size (and accumulation count, and patch extent) a workload takes: more is a typo, and tensor
+sizes past it overflow the 64-bit element counts of the larger layers."""
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, including NumPy's (``np.int64(4)``), but not a bool or a float."""
+    return not _is_bool(value) and hasattr(type(value), "__index__")
+
+
+def _is_bool(value: Any) -> bool:
+    # NumPy's bool (numpy.bool_, named numpy.bool in NumPy 2), without importing NumPy
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
+
+
+def _count(name: str, value: Any) -> int:
+    if not _is_int(value):
+        raise WorkloadError(f"{name} must be a positive integer, got {value!r}.")
+    n = operator.index(value)
+    if n < 1:
+        raise WorkloadError(f"{name} must be a positive integer, got {value!r}.")
+    if n > MAX_BATCH_SIZE:
+        shown = repr(n) if len(repr(n)) <= 30 else f"{repr(n)[:27]}..."
+        raise WorkloadError(f"{name} must be at most {MAX_BATCH_SIZE}, got {shown}: a batch that large is a typo.")
+    return n
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,20 +151,22 @@ class Workload:
             raise WorkloadError(f"Workload.keep_output must be True or False, got {self.keep_output!r}.")
         if self.forward is not None and not callable(self.forward):
             raise WorkloadError("Workload.forward must be callable: forward(model, batch) -> output.")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise WorkloadError(f"Workload.batch_size must be a positive integer, got {self.batch_size!r}.")
-        if isinstance(self.accumulation_steps, bool) or not isinstance(self.accumulation_steps, int) or (
-            self.accumulation_steps < 1
+        for attr in ("batch_size", "accumulation_steps"):
+            object.__setattr__(self, attr, _count(f"Workload.{attr}", getattr(self, attr)))
+        if not _is_bool(self.channels_last):
+            raise WorkloadError(f"Workload.channels_last must be True or False, got {self.channels_last!r}.")
+        object.__setattr__(self, "channels_last", bool(self.channels_last))
+        if isinstance(self.checkpoint, (str, bytes)) or not isinstance(self.checkpoint, Iterable) or not all(
+            isinstance(n, str) for n in self.checkpoint
         ):
-            raise WorkloadError(
-                f"Workload.accumulation_steps must be a positive integer, got {self.accumulation_steps!r}."
-            )
-        if isinstance(self.checkpoint, str) or not all(isinstance(n, str) for n in self.checkpoint):
             raise WorkloadError(
                 f"Workload.checkpoint must be a tuple of module names such as ('layers.0',), got {self.checkpoint!r}."
             )
         object.__setattr__(self, "checkpoint", tuple(self.checkpoint))
-        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+        for attr in ("name", "description"):
+            if not isinstance(getattr(self, attr), str):
+                raise WorkloadError(f"Workload.{attr} must be a string, got {getattr(self, attr)!r}.")
+        if not isinstance(self.optimizer_impl, str) or self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise WorkloadError(
                 f"Workload.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}."
             )
@@ -144,9 +174,11 @@ class Workload:
             value = getattr(self, attr)
             if value is None:
                 continue
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or not value or not all(
+                _is_int(v) and 0 < v <= MAX_BATCH_SIZE for v in value
+            ):
                 raise WorkloadError(f"Workload.{attr} must be a tuple of positive integers, got {value!r}.")
-            object.__setattr__(self, attr, tuple(value))
+            object.__setattr__(self, attr, tuple(int(v) for v in value))
         if self.patch_multiple is not None and self.patch_size is not None and (
             len(self.patch_multiple) != len(self.patch_size)
         ):
@@ -154,7 +186,7 @@ class Workload:
                 f"Workload.patch_multiple {self.patch_multiple} must have one entry per patch axis "
                 f"{self.patch_size}."
             )
-        if self.precision not in PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise WorkloadError(
                 f"Workload.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}."
             )

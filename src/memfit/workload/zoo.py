@@ -166,7 +166,8 @@ def builtin_workload(name: str) -> Workload:
     """The built-in workload ``name`` (see ``memfit list``)."""
     key = _ALIASES.get(name.lower(), name.lower())
     if key not in _ZOO:
+        shown = repr(name) if len(name) <= 60 else repr(name[:57] + "...")
         raise WorkloadError(
-            f"unknown built-in workload {name!r}: choose one of {', '.join(_ZOO)}, or give a .py file."
+            f"unknown built-in workload {shown}: choose one of {', '.join(_ZOO)}, or give a .py file."
         )
     return _ZOO[key].build()
