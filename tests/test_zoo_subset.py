@@ -75,9 +75,7 @@ def test_value_dependent_branch_traces_but_warns_about_the_value() -> None:
 
 # one plain-torch reproducer per failure class (benchmarks/results/estimate/trace_coverage_*.md lists the library
 # entries of each class); strict: when memfit learns to trace one, the test fails until the mark is removed
-FAILURES = [
-    ("grouped_mm_experts", "meta-stricter-than-CUDA", "_grouped_mm's meta kernel refuses fp32; CPU runs it"),
-]
+FAILURES: list[tuple[str, str, str]] = []
 
 
 # classes that used to fail and trace now; the step whose sizes depend on data (boolean_mask_loss, a real CPU
@@ -87,6 +85,7 @@ FIXED = [
     ("dice_dims_from_tensor", "torch.arange(2, ndim).tolist() read zeros, so the dims repeated"),
     ("sparse_skipgram_sparseadam", "nbytes of a sparse gradient"),
     ("module_to_after_build", "Module.to() in the factory could not swap fake parameters (peft's LoRA)"),
+    ("grouped_mm_experts", "_grouped_mm's meta kernel refuses fp32, which CUDA runs"),
 ]
 
 
