@@ -1,6 +1,6 @@
 """Audit: bad and hostile inputs as a new user gives them, through the CLI and the Python API (issue 14).
 
-    python benchmarks/bad_input_audit.py --out benchmarks/results     # CPU only; about 4 minutes on 2 cores
+    python benchmarks/bad_input_audit.py --out benchmarks/results/cli     # CPU only; about 4 minutes on 2 cores
 
 memfit's rule for bad input is one line (what was wrong, the value, what to do), exit code 2 in the CLI, no
 traceback, nothing the user owns lost or half-written; a valid input gets the right answer. Each case is judged:
@@ -12,7 +12,7 @@ traceback, nothing the user owns lost or half-written; a valid input gets the ri
 * ``hang``: no answer in ``HANG_S`` seconds;
 * ``other``: the right kind of message with the wrong exit code, or a message missing what it must say.
 
-Writes ``bad_input_audit_<yyyymmdd>.json`` (one row per case) and ``.md`` (the summary and every failure). The
+Writes ``bad_input_audit_cpu_torch<x.y>_<yyyymmdd>.json`` (one row per case) and ``.md`` (the summary and every failure). The
 cases are not the test suite's (tests/test_bad_inputs.py): most are other inputs of the same classes.
 """
 
@@ -716,7 +716,7 @@ def main() -> None:
     import typer
 
     summary.update(torch=torch.__version__, typer=typer.__version__)
-    (out / f"bad_input_audit_{stamp}.json").write_text(json.dumps(summary, indent=1))
+    (out / f"bad_input_audit_cpu_{_torch_tag()}_{stamp}.json").write_text(json.dumps(summary, indent=1))
     failures = [r for r in rows if r["verdict"] != "ok"]
     md = [f"# Bad-input audit, {stamp}", "",
           f"{len(rows)} inputs ({sum(r['kind'] == 'cli' for r in rows)} through the CLI, "
@@ -726,8 +726,14 @@ def main() -> None:
     md += ["## Not ok", ""] + ([f"- **{r['name']}** ({r['kind']}, {r['verdict']}): "
                                 f"{(r.get('error') or r.get('stderr') or r.get('check_error') or '').strip()[:300]}"
                                 for r in failures] or ["none"])
-    (out / f"bad_input_audit_{stamp}.md").write_text("\n".join(md) + "\n")
+    (out / f"bad_input_audit_cpu_{_torch_tag()}_{stamp}.md").write_text("\n".join(md) + "\n")
     print(f"{len(rows)} inputs: {dict(counts)}")
+
+
+def _torch_tag() -> str:
+    import torch
+
+    return "torch" + ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
 if __name__ == "__main__":

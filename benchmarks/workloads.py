@@ -159,3 +159,9 @@ SUITE = [
     "gpt2_ckpt", "smp_unet_r34", "nnunet_3d_fullres", "monai_swin_unetr", "monai_unet3d", "lstm_lm",
     "unet2d_tiles", "mlp",
 ]
+
+# The suite's measurements (results/estimate/measurements_*) ran the loss-only step, the output dropped before
+# backward: each workload here is that loop, so its estimates stay comparable with them. The corpus
+# (benchmarks/corpus/) measures both loops.
+for _name in SUITE:
+    globals()[_name] = globals()[_name].replace(keep_output=False)
