@@ -380,7 +380,7 @@ class _Recorder(tp.TorchDispatchMode):
                     f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit "
                     "cannot trace it without running it for real. Use `memfit measure` on a GPU for this model."
                 ) from exc
-        except RuntimeError as exc:
+        except RuntimeError:
             if name != "_grouped_mm" or not _float32_inputs(args):
                 raise
             # the meta kernel refuses fp32 (MoE experts under autocast); CUDA's kernel runs it, as the H200 corpus
