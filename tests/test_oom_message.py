@@ -420,6 +420,7 @@ def _estimate(*, fits_in: int, device: int, peak: int) -> Estimate:
         activations_by_module={}, peak_phase="backward", peak_step=1, peak_op="mm",
         peak_module="blocks.0.mlp",
         largest_tensors=[], timeline=[], param_count=10**9, steps=3,
+        fits_in_upper_bytes=fits_in, device_upper_bytes=device,
     )
 
 

@@ -114,10 +114,10 @@ class Estimate(JsonRecord):
     keep_output: bool = field(default=True, kw_only=True)
     """The loop predicted: True, the plain loop that keeps the output alive through backward; False, the
     loss-only step (``Workload.keep_output``)."""
-    fits_in_upper_bytes: int = field(default=0, kw_only=True)
+    fits_in_upper_bytes: int = field(kw_only=True)
     """A cap the step runs under with high confidence: ``fits_in`` widened by the method's base margin and by each
     reason in ``uncertainty`` (``memfit.estimate.bound``). "Fits" is decided with this number."""
-    device_upper_bytes: int = field(default=0, kw_only=True)
+    device_upper_bytes: int = field(kw_only=True)
     """``fits_in_upper_bytes`` plus the CUDA context: the GPU memory a "fits" verdict promises is enough."""
     uncertainty: list[Uncertainty] = field(default_factory=list, kw_only=True)
     """What widened the upper bound beyond the base margin, with where it happened."""
