@@ -115,3 +115,11 @@ def test_sizes_that_depend_on_data_come_from_one_real_cpu_step():
 
     selected = [a.nbytes for a in trace_workload(w, gpu_spec("h100")).allocs if a.op == "index"]
     assert selected and all(0.3 * 64 * 256 * 4 < n < 0.7 * 64 * 256 * 4 for n in selected)
+
+
+def test_a_compiled_model_is_named_and_estimated_as_eager():
+    w = Workload(model=lambda: torch.compile(torch.nn.Linear(64, 64)), batch=lambda n: (torch.randn(n, 64),),
+                 loss=lambda out, b: out.mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8)
+    est = estimate(w)
+    assert any("torch.compile" in m for m in est.warnings)
+    assert [(u.reason, u.widen) for u in est.uncertainty] == [("compiled", 0.0)]  # named, and no wider

@@ -27,6 +27,7 @@ from memfit import _torch_private as tp
 from memfit.errors import MemfitError, TraceError
 from memfit.estimate import values
 from memfit.estimate import workspaces as ws
+from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
 from memfit.estimate.device_calls import user_device_calls
@@ -76,7 +77,7 @@ class Trace:
     op_costs: list[OpCost] = field(default_factory=list)
     """What each op of the traced steps costs (memfit.estimate.op_costs), in program order; not copied by step repeats."""
     cost_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (index into op_costs, phase, step)
-    uncertain: dict[str, str] = field(default_factory=dict)
+    uncertain: dict[UncertaintyReason, str] = field(default_factory=dict)
     """Where the trace relied on a rule rather than a measurement, or lacked a value: reason -> detail (the first
     place it happened). Each widens the estimate's upper bound (memfit.estimate.bound)."""
 
@@ -180,7 +181,7 @@ _IN_PLACE_FOREACH = _InPlaceForeachOps()
 
 
 class _Recorder(tp.TorchDispatchMode):
-    def __init__(self, gpu: GpuSpec) -> None:
+    def __init__(self, gpu: GpuSpec, *, real: bool = False) -> None:
         super().__init__()
         self.gpu = gpu
         self.trace = Trace()
@@ -202,7 +203,7 @@ class _Recorder(tp.TorchDispatchMode):
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
-        self.real = False
+        self.real = real
         """Tracing real CPU tensors (a step whose sizes depend on data values), not fake ones."""
         self.values = values.KnownValues()
         """Real values of the small tensors computed from constants (memfit.estimate.values)."""
@@ -483,14 +484,16 @@ class _Recorder(tp.TorchDispatchMode):
 
     def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
+        if self.phase == "optimizer":
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
         # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
-        reason = "value_branch" if t.dtype == torch.bool else "value_read"
-        if self.phase != "optimizer" and reason not in self.trace.uncertain:
+        reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
+        if reason not in self.trace.uncertain:
             module = self.module_stack[-1] if self.module_stack else self.phase
             self.trace.uncertain[reason] = (
                 f"a condition on tensor values at {user_frame()} ({module}) was taken as False" if reason == "value_branch"
                 else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
-        if not self._warned_item and self.phase != "optimizer":
+        if not self._warned_item:
             self._warned_item = True
             msg = (
                 "the step reads a tensor value with .item() or similar; fake tensors have none, so memfit used 0. "
@@ -529,6 +532,9 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
     Steps from the third on repeat the second (optimizer state exists from step 1 on, so step 2 is the steady
     state): they are copied rather than traced, which saves a third of the time. If step 2 does not hand over
     to its successor exactly as step 1 handed over to it, every step is traced instead.
+
+    When an op's output size depends on values made from the data (``nonzero``, boolean masks), fake tensors
+    cannot go on: the steps are traced again on real CPU tensors, said in a warning and in ``uncertain``.
     """
     try:
         return _trace_steps(workload, gpu, steps, real=False)
@@ -596,11 +602,10 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int, real: bool = False) 
 def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen,
                   real: bool = False) -> Trace:
     """One traced run of the protocol; ``real``: on real CPU tensors (every op computes) instead of fake ones."""
-    recorder = _Recorder(gpu)
+    recorder = _Recorder(gpu, real=real)
     # progress for the CLI's spinner (memfit.cli._progress): a large model can take minutes to build
     log.info("building %s (batch %d × %d, %s)", workload.name, workload.batch_size, workload.accumulation_steps,
              workload.precision)
-    recorder.real = real
     fake_mode: Any = (contextlib.nullcontext() if real else
                       tp.StaticShapeFakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False))
     old_objects.freeze()  # torch._dynamo, which FakeTensorMode imports on first use
