@@ -19,7 +19,7 @@ from memfit.data.cache import CacheFill
 from memfit.data.loader import LoaderSettings
 from memfit.data.patches import PatchSampler
 from memfit.data.storage import ContainerFinding
-from memfit.distributed.ranks import Finding, RankMemory, RankReport, diagnose
+from memfit.distributed.ranks import Finding, GpuProcess, RankMemory, RankReport, diagnose
 from memfit.distributed.shard import ModelStateMemory, Sharding, ShardingComparison, compare_sharding
 from memfit.estimate.allocator import Replay, replay
 from memfit.estimate.measure import Measurement, Trial
@@ -52,7 +52,8 @@ def explained() -> Explanation:
 
 
 def _examples(e: Explanation) -> dict[type, Callable[[], JsonRecord]]:
-    ranks = (RankMemory(rank=0, device_index=0, peak_reserved_bytes=10, batch_cost=1.0),
+    ranks = (RankMemory(rank=0, device_index=0, peak_reserved_bytes=10, batch_cost=1.0,
+                        gpu_processes=(GpuProcess(pid=1, used_bytes=5),)),
              RankMemory(rank=1, device_index=1, peak_reserved_bytes=30, batch_cost=3.0))
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     cost = e.estimate.cost
@@ -82,6 +83,7 @@ def _examples(e: Explanation) -> dict[type, Callable[[], JsonRecord]]:
         Sharding: lambda: Sharding(units=("layers.0", ""), reshard_after_forward=True),
         ModelStateMemory: lambda: compare_sharding(model, world_size=2).fsdp,
         ShardingComparison: lambda: compare_sharding(model, world_size=2),
+        GpuProcess: lambda: GpuProcess(pid=1, used_bytes=5, parent_pid=None),
         RankMemory: lambda: ranks[0],
         Finding: lambda: diagnose(ranks)[0],
         RankReport: lambda: RankReport(ranks=ranks, findings=diagnose(ranks)),

@@ -12,10 +12,11 @@ from memfit._lazy import load_export as _load_export
 _EXPORTS: dict[str, str] = {
     "collect_rank_memory": "memfit.distributed.ranks",
     "gather_rank_memory": "memfit.distributed.ranks",
-    "diagnose": "memfit.distributed.ranks",
+    "diagnose": "memfit.distributed.imbalance",
+    "GpuProcess": "memfit.distributed.ranks",
     "RankMemory": "memfit.distributed.ranks",
     "RankReport": "memfit.distributed.ranks",
-    "Finding": "memfit.distributed.ranks",
+    "Finding": "memfit.distributed.imbalance",
     "shard_model": "memfit.distributed.shard",
     "model_state_memory": "memfit.distributed.shard",
     "compare_sharding": "memfit.distributed.shard",
@@ -32,11 +33,12 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
-    from memfit.distributed.ranks import Finding as Finding
+    from memfit.distributed.imbalance import Finding as Finding
+    from memfit.distributed.imbalance import diagnose as diagnose
+    from memfit.distributed.ranks import GpuProcess as GpuProcess
     from memfit.distributed.ranks import RankMemory as RankMemory
     from memfit.distributed.ranks import RankReport as RankReport
     from memfit.distributed.ranks import collect_rank_memory as collect_rank_memory
-    from memfit.distributed.ranks import diagnose as diagnose
     from memfit.distributed.ranks import gather_rank_memory as gather_rank_memory
     from memfit.distributed.shard import ModelStateMemory as ModelStateMemory
     from memfit.distributed.shard import Sharding as Sharding

@@ -5,46 +5,62 @@ Three causes explain most "one GPU of four runs out of memory" reports (see docs
 * ``nn.DataParallel``: one process drives all GPUs and gathers outputs (and the loss, and optimizer state) on
   ``device_ids[0]``. Fix: DDP, one process per GPU.
 * Extra CUDA contexts: a rank that makes a CUDA call before ``torch.cuda.set_device(local_rank)`` creates a
-  context (~0.2-1 GiB, pytorch issues 49481 and 135279) and often allocations on GPU 0.
+  context (~0.2-1 GiB, pytorch issues 49481 and 135279) and often allocations on GPU 0; so does any other process
+  on that GPU.
 * Uneven batches: with variable-size inputs the rank that draws the largest batch sets the peak. Fix:
   :class:`memfit.data.BalancedBatchSampler`.
 
-The rules work on :class:`RankMemory` records only, so they are tested on mocked reports.
+This module measures (:func:`collect_rank_memory`) and gathers (:func:`gather_rank_memory`);
+:mod:`memfit.distributed.imbalance` holds the rules, which work on :class:`RankMemory` records only, so they are
+tested on fabricated reports.
 
 Example:
-    >>> a = RankMemory(rank=0, device_index=0, peak_allocated_bytes=9 * 2**30, peak_reserved_bytes=10 * 2**30,
-    ...                device_used_bytes=13 * 2**30, device_total_bytes=80 * 2**30, processes_on_device=2)
-    >>> b = RankMemory(rank=1, device_index=0, peak_allocated_bytes=2**30, peak_reserved_bytes=2**30,
-    ...                device_used_bytes=13 * 2**30, device_total_bytes=80 * 2**30, processes_on_device=2)
-    >>> [f.cause for f in diagnose([a, b])]
-    ['foreign_context']
+    >>> a = RankMemory(rank=0, pid=10, device_index=0, peak_allocated_bytes=9 * 2**30,
+    ...                gpu_processes=(GpuProcess(pid=10),))
+    >>> b = RankMemory(rank=1, pid=11, device_index=1, peak_allocated_bytes=6 * 2**30,
+    ...                gpu_processes=(GpuProcess(pid=11),))
+    >>> [(f.cause, f.confidence) for f in diagnose([a, b])]  # one process per GPU: uneven, but no cause named
+    [('unexplained', 'low')]
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar
 
+from memfit.distributed.imbalance import DEFAULT_TOLERANCE, Finding, diagnose
+from memfit.errors import UsageError
 from memfit.records import JsonRecord
-from memfit.units import MiB, format_bytes
+from memfit.units import format_bytes
+
+__all__ = ["Finding", "GpuProcess", "RankMemory", "RankReport", "collect_rank_memory", "diagnose",
+           "gather_rank_memory"]
 
 logger = logging.getLogger(__name__)
 
-ImbalanceCause = Literal["data_parallel", "foreign_context", "uneven_batches", "unexplained"]
-"""What ``Finding.cause`` holds; ``diagnose`` says when each applies."""
+# nvidia-ml-py reports usedGpuMemory as None, or as NVML_VALUE_NOT_AVAILABLE (2**64 - 1, nvml.h) from older
+# bindings, where the driver cannot attribute memory to a process (MIG, some containers).
+_NVML_NOT_AVAILABLE = 2**64 - 1
 
-# A CUDA context costs ~217 MiB (2017 reports) to ~1 GiB (recent drivers) (research/techniques.md §5.2); device
-# memory beyond the allocator's reserve by more than this on one GPU, compared with the others, means a context
-# or allocations that are not this rank's.
-CONTEXT_BYTES_THRESHOLD = 200 * MiB
 
-# Heavier than the lightest rank by this factor before the report calls it an imbalance worth explaining.
-DEFAULT_TOLERANCE = 1.15
+@dataclass(frozen=True, kw_only=True)
+class GpuProcess(JsonRecord):
+    """One process that NVML lists with a compute context on a GPU."""
+
+    _schema: ClassVar[int | None] = None  # versioned by the RankReport that holds it
+
+    pid: int
+    """Its pid as NVML reports it (inside a container, NVML's pid namespace may differ from ``os.getpid()``)."""
+    used_bytes: int | None = None
+    """GPU memory the driver charges to it, ``None`` where it cannot tell (MIG, some containers)."""
+    parent_pid: int | None = None
+    """Its parent's pid, read from ``/proc`` on the rank's host; ``None`` if that process is not visible there."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +68,7 @@ class RankMemory(JsonRecord):
     """Memory of one rank (one process on one GPU). Bytes are ``None`` where they were not measurable."""
 
     _schema: ClassVar[int | None] = None  # versioned by the RankReport that holds it
+    _json_properties: ClassVar[tuple[str, ...]] = ("non_allocator_bytes", "processes_on_device")
 
     rank: int
     """Global rank (``RANK``); 0 outside a distributed job."""
@@ -60,40 +77,59 @@ class RankMemory(JsonRecord):
     local_rank: int | None = None
     """``LOCAL_RANK`` from torchrun, the device it should use."""
     hostname: str = ""
+    pid: int | None = None
+    """``os.getpid()``: matched against NVML's process lists to tell this job's contexts from others'."""
     device_name: str = ""
+    device_uuid: str | None = None
+    """The GPU's UUID: the physical GPU, also where per-process ``CUDA_VISIBLE_DEVICES`` makes every index 0."""
     peak_allocated_bytes: int | None = None
     """``torch.cuda.max_memory_allocated``: tensors alive at the peak."""
     peak_reserved_bytes: int | None = None
     """``torch.cuda.max_memory_reserved``: what the caching allocator held at most."""
+    reserved_bytes: int | None = None
+    """``torch.cuda.memory_reserved`` read with ``device_used_bytes``: the reserve at that moment (after an OOM the
+    allocator has released its cache, so the peak reserve would overstate it)."""
     device_used_bytes: int | None = None
     """``total - free`` from ``torch.cuda.mem_get_info``: the whole device, other processes and contexts included."""
     device_total_bytes: int | None = None
-    processes_on_device: int | None = None
-    """Processes with a context on this device (from NVML), if NVML was importable."""
+    gpu_processes: tuple[GpuProcess, ...] | None = None
+    """NVML's compute processes on this GPU; ``None`` without ``nvidia-ml-py`` or where NVML failed."""
     batch_cost: float | None = None
-    """Sum of per-sample costs (pixels, tokens) this rank processed, if the caller tracked it."""
-    data_parallel: bool = False
-    """The model passed in is (or contains) ``nn.DataParallel``."""
+    """Sum of per-sample costs (pixels, tokens) this rank processed, if the caller tracked it. Shown, not used by the
+    rules: totals even out over a run while the largest batch sets the peak (2 x H200 U-Net run with
+    DistributedSampler: totals 17.6M vs 17.7M pixels, per-step spread 2.27x, benchmarks/results/distributed/)."""
+    max_batch_cost: float | None = None
+    """Cost (tokens, pixels, padding included) of the largest batch or micro-batch this rank ran: what sets its peak."""
+    max_batch_shape: tuple[int, ...] | None = None
+    """Shape of the largest input this rank ran; its product stands in for ``max_batch_cost`` when that is absent."""
+    data_parallel_device_ids: tuple[int, ...] | None = None
+    """``device_ids`` of an ``nn.DataParallel`` in the model, ``None`` when there is none."""
 
+    @property
+    def data_parallel(self) -> bool:
+        """The model contains ``nn.DataParallel``."""
+        return self.data_parallel_device_ids is not None
 
-@dataclass(frozen=True, kw_only=True)
-class Finding(JsonRecord):
-    """One diagnosed cause of imbalance."""
+    @property
+    def non_allocator_bytes(self) -> int | None:
+        """Device memory in use beyond this process's allocator reserve: CUDA contexts (its own and any other's),
+        NCCL buffers, cuBLAS/cuDNN workspaces, other processes' memory."""
+        if self.device_used_bytes is None:
+            return None
+        reserve = self.reserved_bytes if self.reserved_bytes is not None else self.peak_reserved_bytes
+        return None if reserve is None else self.device_used_bytes - reserve
 
-    _schema: ClassVar[int | None] = None  # versioned by the RankReport that holds it
-
-    cause: ImbalanceCause
-    """``"data_parallel"``, ``"foreign_context"``, ``"uneven_batches"`` or ``"unexplained"``."""
-    ranks: tuple[int, ...]
-    """The ranks the finding is about (the heavy ones, or the ones missing ``set_device``)."""
-    message: str
-    fix: str
+    @property
+    def processes_on_device(self) -> int | None:
+        """How many processes NVML lists on this GPU."""
+        return None if self.gpu_processes is None else len(self.gpu_processes)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RankReport(JsonRecord):
     """All ranks' memory and the diagnosis, the same on every rank after :func:`gather_rank_memory`."""
 
+    _schema: ClassVar[int] = 2
     _json_properties: ClassVar[tuple[str, ...]] = ("peak_reserved_spread",)
 
     ranks: tuple[RankMemory, ...]
@@ -107,19 +143,24 @@ class RankReport(JsonRecord):
 
     def format_table(self) -> str:
         """Plain-text table (one row per rank) followed by the findings; the CLI renders it, the library doesn't."""
-        header = ("rank", "host", "gpu", "peak alloc", "peak reserved", "device used", "procs", "batch cost")
+        header = ("rank", "host", "gpu", "pid", "peak alloc", "peak reserved", "device used", "non-alloc",
+                  "gpu pids", "max batch")
         rows = [header]
         for r in self.ranks:
+            batch = ("-" if r.max_batch_cost is None and r.max_batch_shape is None else
+                     f"{r.max_batch_cost:.3g}" if r.max_batch_cost is not None else str(list(r.max_batch_shape or ())))
             rows.append((
-                str(r.rank), r.hostname, "-" if r.device_index is None else str(r.device_index),
+                str(r.rank), r.hostname, _opt(r.device_index), _opt(r.pid),
                 _fmt(r.peak_allocated_bytes), _fmt(r.peak_reserved_bytes), _fmt(r.device_used_bytes),
-                "-" if r.processes_on_device is None else str(r.processes_on_device),
-                "-" if r.batch_cost is None else f"{r.batch_cost:.3g}",
+                _fmt(r.non_allocator_bytes),
+                "-" if r.gpu_processes is None else ",".join(str(p.pid) for p in r.gpu_processes) or "none",
+                batch,
             ))
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-        for f in self.findings:
-            lines.append(f"[{f.cause}] ranks {list(f.ranks)}: {f.message} Fix: {f.fix}")
+        lines += [f.format() for f in self.findings]
+        if not self.findings:
+            lines.append("no imbalance beyond the tolerance, no foreign context or stray process found.")
         return "\n".join(lines)
 
 
@@ -127,8 +168,38 @@ def _fmt(value: int | None) -> str:
     return "-" if value is None else format_bytes(value)
 
 
-def _nvml_process_count(device_index: int) -> int | None:
-    """Processes with a compute context on a device, or ``None`` without ``pynvml``/``nvidia-ml-py``."""
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` from ``/proc/<pid>/stat`` (Linux), or ``None`` where that process is not visible."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ")"
+        return int(stat[stat.rindex(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _nvml_handle(pynvml: Any, device_index: int, uuid: str | None) -> Any:
+    if uuid:
+        try:  # NVML spells a GPU's UUID "GPU-<uuid>"; torch's str(props.uuid) has no prefix
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        except Exception as exc:  # an older NVML, or a MIG UUID it does not accept: fall back to the index
+            logger.debug("NVML handle by UUID %s failed: %s", uuid, exc)
+    # NVML numbers devices physically; map through CUDA_VISIBLE_DEVICES when it is a plain index list
+    physical = device_index
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",")]
+        if all(v.isdigit() for v in ids) and device_index < len(ids):
+            physical = int(ids[device_index])
+    return pynvml.nvmlDeviceGetHandleByIndex(physical)
+
+
+def _nvml_processes(device_index: int, uuid: str | None) -> tuple[GpuProcess, ...] | None:
+    """Processes with a compute context on a GPU, or ``None`` without ``pynvml`` (``nvidia-ml-py``) or on failure."""
     try:
         import pynvml
     except ImportError:
@@ -136,58 +207,86 @@ def _nvml_process_count(device_index: int) -> int | None:
     try:
         pynvml.nvmlInit()
         try:
-            # NVML numbers devices physically; map through CUDA_VISIBLE_DEVICES when it is a plain index list
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            physical = device_index
-            if visible:
-                ids = [v.strip() for v in visible.split(",")]
-                if all(v.isdigit() for v in ids) and device_index < len(ids):
-                    physical = int(ids[device_index])
-            handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
-            return len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            handle = _nvml_handle(pynvml, device_index, uuid)
+            listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
         finally:
             pynvml.nvmlShutdown()
     except Exception as exc:  # NVML is a diagnostic extra: never let it break a training job
         logger.debug("NVML process listing failed: %s", exc)
         return None
+    processes = []
+    for p in listed:
+        used = getattr(p, "usedGpuMemory", None)
+        processes.append(GpuProcess(pid=int(p.pid), parent_pid=_parent_pid(int(p.pid)),
+                                    used_bytes=None if used is None or used >= _NVML_NOT_AVAILABLE else int(used)))
+    return tuple(sorted(processes, key=lambda p: p.pid))
 
 
-def _uses_data_parallel(model: Any) -> bool:
+def _data_parallel_device_ids(model: Any) -> tuple[int, ...] | None:
     import torch.nn as nn
 
-    return model is not None and any(isinstance(m, nn.DataParallel) for m in model.modules())
+    if model is None:
+        return None
+    for m in model.modules():
+        if isinstance(m, nn.DataParallel):
+            return tuple(int(d) for d in m.device_ids)  # ints after DataParallel's own parsing; empty on CPU
+    return None
 
 
-def collect_rank_memory(model: Any = None, *, batch_cost: float | None = None, device: int | None = None) -> RankMemory:
+def _shape(shape: Sequence[int] | None) -> tuple[int, ...] | None:
+    return None if shape is None else tuple(int(s) for s in shape)
+
+
+def collect_rank_memory(
+    model: Any = None,
+    *,
+    batch_cost: float | None = None,
+    max_batch_cost: float | None = None,
+    max_batch_shape: Sequence[int] | None = None,
+    device: int | None = None,
+) -> RankMemory:
     """Measure this process's memory on its current CUDA device (or ``device``).
 
     Call it after some training steps, on every rank. On a machine without CUDA the byte fields are ``None``.
 
     Args:
         model: The model being trained; only checked for ``nn.DataParallel``.
-        batch_cost: Total cost of the samples this rank processed (e.g. summed pixels), for the uneven-batch rule.
+        batch_cost: Total cost of the samples this rank processed (shown in the report).
+        max_batch_cost: Cost of the largest batch (or micro-batch) this rank ran, padding included: the evidence
+            of the uneven-batch rule. E.g. the largest ``input_ids.numel()`` seen.
+        max_batch_shape: Shape of the largest input this rank ran, where a cost is not at hand.
         device: Device index to read; defaults to ``torch.cuda.current_device()``.
     """
     import torch
 
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
+    if max_batch_cost is not None and not (math.isfinite(max_batch_cost) and max_batch_cost >= 0):
+        raise UsageError(f"max_batch_cost must be a finite number >= 0 (tokens or pixels of the largest batch), "
+                         f"got {max_batch_cost!r}.")
     common: dict[str, Any] = {
-        "rank": rank, "local_rank": local_rank, "hostname": socket.gethostname(), "batch_cost": batch_cost,
-        "data_parallel": _uses_data_parallel(model),
+        "rank": int(os.environ.get("RANK", "0")),
+        "local_rank": int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None,
+        "hostname": socket.gethostname(), "pid": os.getpid(), "batch_cost": batch_cost,
+        "max_batch_cost": max_batch_cost, "max_batch_shape": _shape(max_batch_shape),
+        "data_parallel_device_ids": _data_parallel_device_ids(model),
     }
     if not torch.cuda.is_available():
         return RankMemory(device_index=None, **common)
     index = torch.cuda.current_device() if device is None else device
+    props = torch.cuda.get_device_properties(index)
+    uuid = str(props.uuid) if getattr(props, "uuid", None) is not None else None
+    # read the reserve and the device's free memory together: their difference is memory outside the allocator
+    reserved = torch.cuda.memory_reserved(index)
     free, total = torch.cuda.mem_get_info(index)
     return RankMemory(
         device_index=index,
-        device_name=torch.cuda.get_device_name(index),
+        device_name=props.name,
+        device_uuid=uuid,
         peak_allocated_bytes=torch.cuda.max_memory_allocated(index),
         peak_reserved_bytes=torch.cuda.max_memory_reserved(index),
+        reserved_bytes=reserved,
         device_used_bytes=total - free,
         device_total_bytes=total,
-        processes_on_device=_nvml_process_count(index),
+        gpu_processes=_nvml_processes(index, uuid),
         **common,
     )
 
@@ -208,104 +307,6 @@ def gather_rank_memory(local: RankMemory, *, group: Any = None, tolerance: float
         records = (local,)
     report = RankReport(ranks=records, findings=diagnose(records, tolerance=tolerance))
     for f in report.findings:
-        logger.warning("memory imbalance [%s] ranks %s: %s Fix: %s", f.cause, list(f.ranks), f.message, f.fix)
+        # a named cause is worth a warning; an unexplained difference is common on clean runs
+        logger.log(logging.WARNING if f.names_cause else logging.INFO, "memory imbalance %s", f.format())
     return report
-
-
-def diagnose(ranks: Sequence[RankMemory], *, tolerance: float = DEFAULT_TOLERANCE) -> tuple[Finding, ...]:
-    """Name the causes of uneven memory across ranks (or across the GPUs of a DataParallel process).
-
-    Rules, each independent, strongest evidence first:
-
-    1. ``data_parallel``: any record says ``nn.DataParallel`` is in use.
-    2. ``foreign_context``: two ranks report the same device, or a rank's device index differs from its
-       ``LOCAL_RANK``, or NVML sees more processes on a device than ranks assigned to it, or one device's memory
-       beyond its allocator reserve exceeds the lightest device's by more than a CUDA context.
-    3. ``uneven_batches``: per-rank batch cost varies by more than ``tolerance`` and the most expensive rank is
-       the one with the highest peak.
-    4. ``unexplained``: peak reserved varies by more than ``tolerance`` and no rule above fired.
-    """
-    findings: list[Finding] = []
-    if any(r.data_parallel for r in ranks):
-        findings.append(Finding(
-            cause="data_parallel",
-            ranks=tuple(sorted({r.rank for r in ranks if r.data_parallel})),
-            message="nn.DataParallel replicates the model each step and gathers all outputs, the loss and the "
-                    "optimizer state on device_ids[0], so that GPU holds far more than the others.",
-            fix="use DistributedDataParallel with one process per GPU (torchrun --nproc-per-node N).",
-        ))
-    findings.extend(_foreign_context(ranks))
-    heavy = _heaviest(ranks, tolerance)
-    costs = [r.batch_cost for r in ranks]
-    if heavy is not None and all(c is not None for c in costs) and min(costs) > 0:  # type: ignore[type-var, operator]
-        most = max(ranks, key=lambda r: r.batch_cost or 0.0)
-        ratio = (most.batch_cost or 0.0) / min(costs)  # type: ignore[type-var, operator]
-        if ratio > tolerance and most.rank == heavy.rank:
-            findings.append(Finding(
-                cause="uneven_batches",
-                ranks=(most.rank,),
-                message=f"rank {most.rank} processed {ratio:.2f}x the batch cost of the lightest rank and has the "
-                        "highest peak: variable-size inputs are landing unevenly.",
-                fix="use memfit.data.BalancedBatchSampler(costs, batch_size=...) instead of DistributedSampler.",
-            ))
-    if heavy is not None and not findings:
-        findings.append(Finding(
-            cause="unexplained",
-            ranks=(heavy.rank,),
-            message=f"rank {heavy.rank} peaks above the others by more than {tolerance:.2f}x and no known cause "
-                    "was detected.",
-            fix="pass batch_cost to collect_rank_memory, or compare memory snapshots of the heavy and a light rank.",
-        ))
-    return tuple(findings)
-
-
-def _heaviest(ranks: Sequence[RankMemory], tolerance: float) -> RankMemory | None:
-    measured = [r for r in ranks if r.peak_reserved_bytes]
-    if len(measured) < 2:
-        return None
-    heavy = max(measured, key=lambda r: r.peak_reserved_bytes or 0)
-    light = min(measured, key=lambda r: r.peak_reserved_bytes or 0)
-    return heavy if (heavy.peak_reserved_bytes or 0) > tolerance * (light.peak_reserved_bytes or 1) else None
-
-
-def _foreign_context(ranks: Sequence[RankMemory]) -> list[Finding]:
-    # DataParallel records are one process over several devices: the context rules are about one rank per device
-    ranks = [r for r in ranks if r.device_index is not None and not r.data_parallel]
-    fix = ("call torch.cuda.set_device(local_rank) first thing in each rank (before any .cuda(), torch.load or "
-           "init_process_group), pass device_id to init_process_group, and torch.load(..., map_location=...).")
-    suspects: set[int] = set()
-    reasons: list[str] = []
-    per_device = Counter((r.hostname, r.device_index) for r in ranks)
-    shared = sorted({r.rank for r in ranks if per_device[(r.hostname, r.device_index)] > 1})
-    if shared:
-        suspects.update(shared)
-        reasons.append(f"ranks {shared} all allocate on the same GPU")
-    wrong = sorted({r.rank for r in ranks if r.local_rank is not None and r.local_rank != r.device_index})
-    if wrong:
-        suspects.update(wrong)
-        reasons.append(f"ranks {wrong} use a device other than their LOCAL_RANK")
-    crowded = sorted({r.rank for r in ranks
-                      if r.processes_on_device is not None
-                      and r.processes_on_device > per_device[(r.hostname, r.device_index)]})
-    if crowded:
-        suspects.update(crowded)
-        reasons.append(f"NVML lists more processes than ranks on the GPU of ranks {crowded}")
-    overheads = {r.rank: (r.device_used_bytes - r.peak_reserved_bytes) for r in ranks
-                 if r.device_used_bytes is not None and r.peak_reserved_bytes is not None}
-    if len(overheads) >= 2:
-        floor = min(overheads.values())
-        extra = sorted(rank for rank, o in overheads.items() if o - floor > CONTEXT_BYTES_THRESHOLD)
-        if extra:
-            suspects.update(extra)
-            worst = max(overheads.values()) - floor
-            reasons.append(f"the GPU of ranks {extra} holds {format_bytes(worst)} beyond its allocator's reserve, "
-                           "more than the other GPUs (other processes' contexts)")
-    if not suspects:
-        return []
-    return [Finding(
-        cause="foreign_context",
-        ranks=tuple(sorted(suspects)),
-        message="; ".join(reasons) + ": CUDA contexts of other ranks sit on one GPU (torch.cuda.set_device "
-                "missing or called too late).",
-        fix=fix,
-    )]
