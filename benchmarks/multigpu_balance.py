@@ -133,7 +133,8 @@ def run_sampler(mode: str, args: argparse.Namespace, device: torch.device, rank:
         step_peaks.append(peak_allocated(device) or 0)
         step_costs.append(float((y != -100).sum()))  # real pixels this rank processed
         step_padded.append(float(y.numel()))
-    local = collect_rank_memory(ddp, batch_cost=float(sum(step_costs)))
+    # peaks are reset every step, so the record's peak is the last step's: its batch is the one to compare
+    local = collect_rank_memory(ddp, batch_cost=float(sum(step_costs)), max_batch_cost=step_padded[-1])
     # per-step peaks of all ranks: the rank with the worst batch of a step sets that step's memory
     table = torch.tensor([step_peaks, step_padded], dtype=torch.float64, device=device)  # NCCL needs CUDA tensors
     gathered = [torch.zeros_like(table) for _ in range(world)]

@@ -147,8 +147,8 @@ class RankReport(JsonRecord):
                   "gpu pids", "max batch")
         rows = [header]
         for r in self.ranks:
-            batch = ("-" if r.max_batch_cost is None and r.max_batch_shape is None else
-                     f"{r.max_batch_cost:.3g}" if r.max_batch_cost is not None else str(list(r.max_batch_shape or ())))
+            batch = (str(list(r.max_batch_shape)) if r.max_batch_shape is not None else
+                     "-" if r.max_batch_cost is None else f"{r.max_batch_cost:.3g}")
             rows.append((
                 str(r.rank), r.hostname, _opt(r.device_index), _opt(r.pid),
                 _fmt(r.peak_allocated_bytes), _fmt(r.peak_reserved_bytes), _fmt(r.device_used_bytes),
