@@ -260,3 +260,34 @@ def test_collect_reads_the_device_and_nvml(monkeypatch: pytest.MonkeyPatch) -> N
     assert [(p.pid, p.used_bytes) for p in r.gpu_processes or ()] == sorted(
         [(os.getpid(), CONTEXT), (os.getppid(), None)])
     assert {p.pid: p.parent_pid for p in r.gpu_processes or ()}[os.getpid()] == os.getppid()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_gpu_record_lists_this_process_and_names_a_child_with_its_own_context() -> None:
+    """On a real GPU: NVML's list holds this process, and a child that made a CUDA context is a stray process."""
+    import os
+    import subprocess
+
+    pytest.importorskip("pynvml")
+    torch.cuda.set_device(0)
+    torch.zeros(1, device="cuda:0")  # this process's own context
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, torch; torch.zeros(1, device='cuda:0'); print('ready', flush=True); "
+                               "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        r = collect_rank_memory()
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=60)
+    pids = {p.pid for p in r.gpu_processes or ()}
+    if os.getpid() not in pids:
+        pytest.skip(f"NVML lists {sorted(pids)}, not this pid {os.getpid()}: another pid namespace")
+    assert child.pid in pids and r.device_uuid
+    assert r.reserved_bytes is not None and (r.non_allocator_bytes or 0) > 0  # at least our own context
+    findings = diagnose([r])
+    assert any(f.cause == "stray_process" and f.evidence == ("nvml_pids",) and f"pid {child.pid}" in f.message
+               and "child process of rank 0" in f.message for f in findings), [f.format() for f in findings]

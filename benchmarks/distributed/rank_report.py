@@ -144,9 +144,10 @@ def train_ddp(scenario: str, s: Shape, device: torch.device, rank: int, world: i
     step = TrainStep(ddp, torch.optim.AdamW(model.parameters(), lr=1e-4), token_loss, device=device,
                      precision="bf16" if device.type == "cuda" else "fp32", count_fn=count_tokens(1, ignore_index=PAD),
                      agree_timeout_s=120)
-    # warm-up, the same on every rank, at twice the median length: optimizer state exists, and the cap below (60 %
-    # of this step's growth) makes a typical padded batch run out of memory whole while a quarter of the longest fits
-    warm = pad_collate([torch.randint(0, s.vocab, (2 * s.median_len,)) for _ in range(s.batch)])
+    # warm-up, the same on every rank, at the median length: optimizer state exists, and the cap below (60 % of this
+    # step's growth) makes a typical padded batch (the longest of 16 samples, above the median) run out of memory
+    # whole, while one row of the longest sequence (1/4 of the warm-up's tokens) still fits
+    warm = pad_collate([torch.randint(0, s.vocab, (s.median_len,)) for _ in range(s.batch)])
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     step(warm)
     capped = None
