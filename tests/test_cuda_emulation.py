@@ -46,3 +46,24 @@ def test_everything_is_undone_on_exit():
     assert type(outside).__name__ != "NativeDropoutBackward0"
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.nn.functional.layer_norm(torch.randn(2, 8), (8,)).dtype == torch.float32
+
+
+def test_reduction_staging_follows_cudas_launch_configuration():
+    # Reduce.cuh's setReduceConfig for a sum over the leading dims; each number measured on an H200 (132 SMs) by
+    # benchmarks/profile_transients.py or the corpus's allocator streams (BERT-MLM's bias gradient)
+    from memfit.estimate.workspaces import reduction_staging_bytes
+
+    def rows(n: int, c: int, itemsize: int) -> int:
+        return reduction_staging_bytes((n, c), (c, 1), [0], itemsize, 132)
+
+    assert rows(16384, 30522, 4) == 62_509_056  # 30522 is even, not a multiple of 4: vectors of 2
+    assert rows(8192, 3072, 2) == 138_412_032  # GPT-2's MLP bias
+    assert rows(8192, 768, 2) == 50_331_648
+    assert rows(3136, 768, 2) == 19_267_584
+    # ConvNeXt's layer scale, channels-last: the reduced dims coalesce into one strided run
+    cl = torch.empty(64, 384, 14, 14).to(memory_format=torch.channels_last)
+    assert reduction_staging_bytes(cl.shape, cl.stride(), [0, 2, 3], 4, 132) == 38_535_168
+    # few inputs per output: one pass, no staging
+    assert rows(64, 4096, 4) == 0
+    # a sum over the contiguous last dim of few rows stages a float per row and block, not per column
+    assert 0 < reduction_staging_bytes((4, 1 << 22), (1 << 22, 1), [1], 4, 132) < 64 * 1024

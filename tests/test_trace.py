@@ -121,6 +121,54 @@ def test_attention_with_a_learned_bias_takes_the_memory_efficient_kernel():
     assert big == [("_scaled_dot_product_efficient_attention_backward", (b, h, seq, seq), b * h * seq * 112 * 4)]
 
 
+def test_a_bias_with_a_strided_last_dimension_takes_the_math_path():
+    # CUDA's fused kernels refuse a mask whose last dimension is not contiguous (the CPU's accept it): Hugging Face
+    # T5 5.17 passes its position bias as a permuted view, and the H200 ran the math path, probabilities and all
+    b, h, seq, d = 2, 4, 96, 32
+
+    class PermutedBias(torch.nn.Module):
+        def __init__(self, permuted: bool) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(d * h, 3 * d * h)
+            self.permuted = permuted
+            self.table = torch.nn.Parameter(torch.zeros(seq, seq, h))  # (query, key, head), as T5 computes it
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
+            bias = self.table.permute(2, 0, 1).unsqueeze(0)  # (1, h, q, k) with stride h along the keys
+            bias = bias if self.permuted else bias.contiguous()
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    def scores(permuted: bool) -> list[str]:
+        w = Workload(
+            model=lambda: PermutedBias(permuted), batch=lambda n: (torch.randn(n, seq, d * h),),
+            loss=lambda out, bt: out.float().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+            batch_size=b, precision="fp32",
+        )
+        trace = trace_workload(w, GPU, steps=1)
+        return [a.op for a in trace.allocs if a.shape == (b, h, seq, seq) and a.phase == "forward"]
+
+    assert scores(permuted=False) == []  # the memory-efficient kernel: no B*H*L*L tensor in forward
+    assert len(scores(permuted=True)) >= 2  # the math path: the scores and their softmax
+
+
+def test_libraries_see_no_tracer_inside_and_the_same_function_after(monkeypatch):  # noqa: ANN001
+    import sys
+    import types
+
+    from memfit.estimate.library_paths import RealRunPaths
+
+    def original(x: object) -> bool:
+        return True
+
+    hf = types.ModuleType("transformers.utils.import_utils")
+    hf.is_fake_tensor = original  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transformers.utils.import_utils", hf)
+    with RealRunPaths():
+        assert hf.is_fake_tensor(torch.zeros(1)) is False  # type: ignore[attr-defined]
+    assert hf.is_fake_tensor is original  # type: ignore[attr-defined]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_runs_the_memory_efficient_kernel_for_a_learned_bias(dtype):  # noqa: ANN001

@@ -199,6 +199,12 @@ def _cuda_sdpa(
         key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
     if query.dim() != 4 or not (query.dtype == key.dtype == value.dtype):
         return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if not _fused_strides(query, key, value, attn_mask):
+        # CUDA's fused kernels need a unit stride along the last dimension of q, k, v and the mask; the CPU's
+        # do not (ATen/native/transformers/sdp_utils_cpp.h, check_last_dim_stride_equals_1_dense). T5's position
+        # bias, a permuted view, sent Hugging Face T5 (transformers 5.17) to the math path on an H200:
+        # benchmarks/results/estimate/sdpa_choices_h200_torch2.11_20261126.json
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if attn_mask is not None and attn_mask.requires_grad:
         # a learned bias (T5's relative positions): only the memory-efficient kernel returns its grad, so CUDA
         # runs that one (the CPU flash kernel refuses it). Its meta kernel gives CUDA's saved tensors: the
@@ -213,6 +219,12 @@ def _cuda_sdpa(
         # no mask either (it regenerates it from the RNG state), so the saved tensors are the same without it
         dropout_p = 0.0
     return tp.sdpa_flash_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _fused_strides(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """The last-dimension strides CUDA's fused attention kernels accept (a head size of 1 may have any)."""
+    qkv = all(t.stride(-1) == 1 for t in (query, key, value)) or query.shape[-1] == 1
+    return qkv and (mask is None or mask.stride(-1) == 1)
 
 
 class _CudnnRNN(torch.autograd.Function):

@@ -32,6 +32,7 @@ from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
 from memfit.estimate.device_calls import user_device_calls
 from memfit.estimate.gpus import GpuSpec
+from memfit.estimate.library_paths import RealRunPaths
 from memfit.estimate.op_costs import OpCost, OpCounter
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload.spec import Workload
@@ -423,12 +424,11 @@ class _Recorder(tp.TorchDispatchMode):
 
     def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
         """Scratch memory a CUDA kernel takes and gives back inside one op (memfit.estimate.workspaces has the rules)."""
-        if name == "sum" and isinstance(out, torch.Tensor) and args[0].is_floating_point():
+        if name in ("sum", "mean") and isinstance(out, torch.Tensor) and args[0].is_floating_point():
             x = args[0]
             dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
-            if x.dim() and 0 in [d % x.dim() for d in dims] and out.numel() > 1:
-                return ws.reduction_staging_bytes(x.numel(), out.numel(), self.gpu.sm_count)
-            return 0
+            return ws.reduction_staging_bytes(x.shape, x.stride(), dims, x.element_size(), self.gpu.sm_count,
+                                              ws.max_threads_per_sm(self.gpu.compute_capability))
         if name == "_softmax_backward_data":
             x = args[0]
             # a 0-d softmax has one element along its only (implicit) dimension: the last one
@@ -628,15 +628,16 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
             _register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
             try:
-                run_steps(
-                    workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
-                    phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
-                    # micro-batch 2 runs with the grads alive, and every later one repeats it exactly
-                    micro_batches=min(workload.accumulation_steps, 2),
-                    # a real step's sizes can change from step to step (a detector's matches move with its
-                    # weights): each is traced; a fake one repeats the first (see _replay_forward_backward)
-                    replay=None if real else functools.partial(_replay_forward_backward, recorder, optimizer),
-                )
+                with RealRunPaths():  # the libraries the model imported take a real run's path, not a tracer's
+                    run_steps(
+                        workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
+                        phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
+                        # micro-batch 2 runs with the grads alive, and every later one repeats it exactly
+                        micro_batches=min(workload.accumulation_steps, 2),
+                        # a real step's sizes can change from step to step (a detector's matches move with its
+                        # weights): each is traced; a fake one repeats the first (see _replay_forward_backward)
+                        replay=None if real else functools.partial(_replay_forward_backward, recorder, optimizer),
+                    )
             except Exception as exc:
                 _raise_blamed(exc, f"the training step ({recorder.phase}, step {recorder.step})", recorder)
             del model, optimizer, batch, scaler
