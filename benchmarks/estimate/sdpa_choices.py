@@ -57,7 +57,7 @@ def main() -> None:
     for entry in args.ids:
         calls: list[dict] = []
 
-        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):  # noqa: ANN001, ANN202
+        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, calls=calls):  # noqa: ANN001, ANN202
             record = {"q": _describe(q), "k": _describe(k), "v": _describe(v), "mask": _describe(attn_mask),
                       "dropout_p": dropout_p, "is_causal": is_causal, "autocast": torch.is_autocast_enabled("cuda")}
             dq, dk, dv = q, k, v
