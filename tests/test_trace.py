@@ -152,6 +152,31 @@ def test_a_bias_with_a_strided_last_dimension_takes_the_math_path():
     assert len(scores(permuted=True)) >= 2  # the math path: the scores and their softmax
 
 
+@pytest.mark.parametrize("precision, masked, math", [("fp32", False, True), ("bf16", True, True), ("bf16", False, False)])
+def test_grouped_keys_take_the_math_path_unless_flash_can(precision, masked, math):  # noqa: ANN001
+    # the memory-efficient kernel takes no grouped keys (enable_gqa): fp32 or a mask sends CUDA to the math path,
+    # as it did Qwen2-MoE in fp32 on the H200 (corpus c057, c058); flash takes fp16/bf16 without a mask
+    b, h, kv, seq, d = 2, 8, 2, 64, 32
+
+    class Gqa(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = torch.nn.Linear(h * d, h * d)
+            self.kv = torch.nn.Linear(h * d, 2 * kv * d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = self.q(x).view(b, seq, h, d).transpose(1, 2)
+            k, v = self.kv(x).view(b, seq, 2, kv, d).permute(2, 0, 3, 1, 4)
+            mask = torch.ones(seq, seq, dtype=torch.bool).tril() if masked else None
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    w = Workload(model=Gqa, batch=lambda n: (torch.randn(n, seq, h * d),), loss=lambda out, bt: out.float().mean(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=b, precision=precision)
+    trace = trace_workload(w, GPU, steps=1)
+    scores = [a for a in trace.allocs if a.shape == (b, h, seq, seq) and a.phase == "forward"]
+    assert bool(scores) is math
+
+
 def test_libraries_see_no_tracer_inside_and_the_same_function_after(monkeypatch):  # noqa: ANN001
     import sys
     import types

@@ -46,9 +46,22 @@ def predict_one(entry_id: str, out: Path, gpu: str, timeout_s: float) -> dict[st
             record = {"id": entry_id, "wall_s": wall, "estimate": {k: v for k, v in est.items() if k not in _DROP}}
     import torch
 
-    record.update(torch=torch.__version__, machine=f"{os.cpu_count()} CPU cores", gpu=gpu)
+    record.update(torch=torch.__version__, machine=f"{os.cpu_count()} CPU cores", gpu=gpu, libraries=_libraries())
     (out / f"{entry_id}.json").write_text(json.dumps(record, indent=1))
     return record
+
+
+def _libraries() -> dict[str, str]:
+    """Versions of the model libraries the estimate ran with (they must match the measuring machine's)."""
+    from importlib import metadata
+
+    found = {}
+    for name in ("transformers", "timm", "torchvision", "monai", "segmentation-models-pytorch", "peft"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def main() -> None:

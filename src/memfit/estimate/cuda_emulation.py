@@ -193,11 +193,22 @@ def _cuda_sdpa(
 ) -> torch.Tensor:
     # On sm80+ CUDA picks a fused kernel (flash for fp16/bf16 without a mask, else memory-efficient or cuDNN);
     # all of them save the output and a float32 log-sum-exp of B*H*L, never the B*H*L*L probabilities.
-    # The CPU flash kernel keeps exactly those tensors, so it stands in for them.
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
+    # The CPU flash kernel keeps exactly those tensors, so it stands in for them. Where no fused kernel takes
+    # the call (ATen/native/transformers/cuda/sdp_utils.cpp), CUDA runs the math path, and so does the trace.
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    gqa = enable_gqa and key.shape[-3] != query.shape[-3]
+    if gqa:
         groups = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
     if query.dim() != 4 or not (query.dtype == key.dtype == value.dtype):
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if gqa and not (half and attn_mask is None):
+        # grouped keys: only flash (fp16/bf16, no mask) takes them; the memory-efficient kernel does not
+        # (Hugging Face passes enable_gqa only without a mask, for this reason: its use_gqa_in_sdpa)
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if query.shape[-1] % (8 if half else 4) or value.shape[-1] % (8 if half else 4):
+        # head sizes the fused kernels' GEMMs cannot align: 8 elements for fp16/bf16, 4 for fp32 on sm80+
+        # (sdp_utils.cpp, minimum_gemm_alignment)
         return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if not _fused_strides(query, key, value, attn_mask):
         # CUDA's fused kernels need a unit stride along the last dimension of q, k, v and the mask; the CPU's
