@@ -250,6 +250,9 @@ class _Recorder(tp.TorchDispatchMode):
 
     def track(self, t: torch.Tensor, op: str) -> None:
         if t.layout != torch.strided:  # a sparse gradient: its indices and values are the allocations
+            # what sparse ops keep after coalescing (SparseAdam, sparse SGD) depends on the indices' values
+            self.trace.uncertain.setdefault(
+                "sparse_data", f"a sparse tensor ({op}, {self.module_stack[-1] if self.module_stack else self.phase})")
             for part in tp.sparse_parts(t):
                 self.track(part, op)
             return

@@ -1,0 +1,83 @@
+"""Fit the upper bound's base margin and widths on the corpus's *fit* half only (the validation half tunes nothing).
+
+    python benchmarks/corpus/fit_bound.py                        # latest predictions, H200 measurements
+
+For each fit-half entry, the widening it needed: measured ``fits_in`` / the estimate's replayed cap - 1. The base
+margin is the largest need of the entries that recorded no reason, rounded up to 0.5 %; each reason's width is
+the larger of its prior (``memfit.estimate.bound.WIDTHS``) and the largest need, beyond the base and the entry's
+other widths, of the entries that recorded it. Writes ``bound_fit_<card>_torch<x.y>_<date>.json``; the constants
+in ``memfit/estimate/bound.py`` are then set from it by hand, citing the file, and ``report_corpus.py`` judges
+them on the validation half with predictions made again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from _results import RESULTS, latest, stem  # noqa: E402
+from report_corpus import join  # noqa: E402
+
+STEP = 0.005
+
+
+def _up(x: float) -> float:
+    return round(math.ceil(max(x, 0.0) / STEP - 1e-9) * STEP, 4)
+
+
+def fit(rows: list[dict], priors: dict[str, float]) -> dict:
+    fit_rows = [r for r in rows if r["split"] == "fit" and r["status"] == "ok" and r.get("measured_fits_in")]
+    needs = []
+    for r in fit_rows:
+        replayed = r["predicted_replay"]
+        needs.append({"id": r["id"], "need": r["measured_fits_in"] / replayed - 1, "reasons": r["reasons"]})
+    plain = [n for n in needs if not n["reasons"]]
+    worst = max(plain, key=lambda n: n["need"])
+    base = _up(worst["need"])
+    widths, set_by = {}, {}
+    for reason, prior in priors.items():
+        with_it = [n for n in needs if reason in n["reasons"]]
+        beyond = [(n["need"] - base - sum(priors[o] for o in n["reasons"] if o != reason), n["id"]) for n in with_it]
+        need, by = max(beyond, default=(0.0, None))
+        widths[reason] = max(prior, _up(need))
+        set_by[reason] = {"entries": len(with_it), "largest_need_beyond_the_rest": round(need, 4), "entry": by,
+                          "prior": prior}
+    return {"base_margin": base, "base_set_by": {"entry": worst["id"], "need": round(worst["need"], 4),
+                                                  "entries_without_reasons": len(plain)},
+            "widths": widths, "widths_set_by": set_by, "fit_entries": len(fit_rows),
+            "needs": sorted(needs, key=lambda n: -n["need"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--predictions", default=str(latest("estimate", "corpus_predictions_cpu")))
+    parser.add_argument("--measurements", default=str(latest("estimate", "corpus_measurements_h200")))
+    args = parser.parse_args()
+    from memfit.estimate.bound import WIDTHS
+
+    predictions, measurements = Path(args.predictions), Path(args.measurements)
+    rows = join(predictions, measurements)
+    for r in rows:  # the replayed cap and the reasons, from the prediction files
+        p = predictions / f"{r['id']}.json"
+        if r["status"] == "ok":
+            est = json.loads(p.read_text())["estimate"]
+            r["predicted_replay"] = est["fits_in_replay_bytes"]
+            r["reasons"] = sorted(u["reason"] for u in est.get("uncertainty", []))
+    result = fit(rows, dict(WIDTHS))
+    meas = json.loads(next(measurements.glob("*.json")).read_text())
+    result.update(predictions=str(predictions.relative_to(RESULTS.parent.parent)),
+                  measurements=str(measurements.relative_to(RESULTS.parent.parent)), split="fit")
+    name = stem("bound_fit", "h200", meas.get("torch_version", "2.11"))
+    out = RESULTS / "estimate" / f"{name}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "needs"}, indent=1))
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
