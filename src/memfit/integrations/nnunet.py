@@ -147,6 +147,8 @@ def trainer_workload(
     # nnUNetTrainer._build_loss: weights halve with each coarser output, the coarsest gets none, they sum to 1
     weights = np.array([0.5**i for i in range(len(downsampling))])
     weights[-1] = 0
+    if weights.sum() == 0:  # a two-stage network has one output: nnU-Net's weight is NaN, the loss still computed
+        weights[-1] = 1
     loss = DeepSupervisionWrapper(base_loss, weights / weights.sum())
 
     return Workload(
@@ -388,12 +390,14 @@ def memfit_planner(
     from nnunetv2.utilities.label_handling.label_handling import LabelManager
 
     if base is None:
-        from nnunetv2.experiment_planning.experiment_planners.default_experiment_planner import ExperimentPlanner
+        from nnunetv2.experiment_planning.experiment_planners.default_experiment_planner import (
+            ExperimentPlanner,
+        )
 
         base = ExperimentPlanner
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     config = allocator if allocator is not None else AllocatorConfig.from_env()
-    base_name = inspect.signature(base.__init__).parameters["plans_name"].default
+    base_name = inspect.signature(base).parameters["plans_name"].default
 
     class MemfitPlanner(base):  # type: ignore[misc, valid-type]
         def __init__(self, dataset_name_or_id: str | int, gpu_memory_target_in_gb: float = 8,
@@ -524,7 +528,7 @@ class NnunetPlan(JsonRecord):
             f"{self.dataset}: 3d_fullres for {format_bytes(self.budget_bytes)} on {self.gpu} "
             f"({self.planner} ladder, {len(self.ladder)} patches, {self.estimates} estimates, {self.elapsed_s:.1f} s)",
             line("memfit", c),
-            line(f"nnU-Net default at {self.nnunet_target_gb:g} GB", d),
+            line(f"nnU-Net's planner, target {self.nnunet_target_gb:g}", d),
             line(f"{self.source_plans} (as it is)", self.source),
             f"  voxels per step vs nnU-Net default: {c.voxels_per_step / d.voxels_per_step:.2f}×",
             f"wrote {self.plans_file}",
@@ -626,6 +630,9 @@ def plan_nnunet(
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     dataset_name = _dataset_name(dataset)
     folder = Path(os.environ["nnUNet_preprocessed"]) / dataset_name
+    if not folder.is_dir():
+        raise UsageError(f"no nnU-Net dataset {dataset_name!r} under nnUNet_preprocessed={folder.parent}: run "
+                         f"nnUNetv2_plan_and_preprocess -d {dataset} first.")
     source_file = folder / f"{source_plans}.json"
     if not source_file.is_file():
         raise UsageError(f"no plans {source_file}: run nnUNetv2_plan_and_preprocess -d {dataset} first, or name the "
