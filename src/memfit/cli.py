@@ -412,7 +412,7 @@ def nnunet_plan(
     if not 0 <= margin < 0.5:
         _fail(f"--margin must be between 0 and 0.5, got {margin}.")
     spec = gpu_spec(gpu)
-    from memfit.integrations.nnunet import plan_nnunet
+    from memfit.integrations.nnunet.plan import plan_nnunet
 
     with _running("planning nnU-Net"):
         result = plan_nnunet(dataset, budget=budget_bytes, gpu=spec, source_plans=plans, name=name, margin=margin)

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from memfit._lazy import load_export as _load_export
 
 _EXPORTS: dict[str, str] = {
-    "plan_nnunet": "memfit.integrations.nnunet",
-    "NnunetPlan": "memfit.integrations.nnunet",
-    "memfit_planner": "memfit.integrations.nnunet",
-    "nnunet_workload": "memfit.integrations.nnunet",
+    "plan_nnunet": "memfit.integrations.nnunet.plan",
+    "NnunetPlan": "memfit.integrations.nnunet.plan",
+    "memfit_planner": "memfit.integrations.nnunet.planner",
+    "nnunet_workload": "memfit.integrations.nnunet.trainer_step",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
-    from memfit.integrations.nnunet import NnunetPlan as NnunetPlan
-    from memfit.integrations.nnunet import memfit_planner as memfit_planner
-    from memfit.integrations.nnunet import nnunet_workload as nnunet_workload
-    from memfit.integrations.nnunet import plan_nnunet as plan_nnunet
+    from memfit.integrations.nnunet.plan import NnunetPlan as NnunetPlan
+    from memfit.integrations.nnunet.plan import plan_nnunet as plan_nnunet
+    from memfit.integrations.nnunet.planner import memfit_planner as memfit_planner
+    from memfit.integrations.nnunet.trainer_step import nnunet_workload as nnunet_workload
