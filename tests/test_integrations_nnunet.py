@@ -4,6 +4,7 @@ nnU-Net's ladder that memfit says fits."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -15,18 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("nnunetv2")
-sitk = pytest.importorskip("SimpleITK")
-
-from memfit.errors import BudgetTooSmallError, UsageError  # noqa: E402
-from memfit.estimate.predict import estimate  # noqa: E402
-from memfit.integrations.nnunet import (  # noqa: E402
+from memfit.errors import BudgetTooSmallError, UsageError
+from memfit.estimate.predict import estimate
+from memfit.integrations.nnunet import (
     budget_label,
     memfit_planner,
     nnunet_workload,
     plan_nnunet,
     trainer_workload,
 )
+
+HAVE_NNUNET = all(importlib.util.find_spec(m) is not None for m in ("nnunetv2", "SimpleITK"))
+needs_nnunet = pytest.mark.skipif(not HAVE_NNUNET, reason="needs nnunetv2 (pip install 'memfit[nnunet]')")
 
 DATASET_ID = 901
 DATASET = "Dataset901_Memfit"
@@ -37,6 +38,8 @@ MARGIN = 0.02
 
 def write_raw_dataset(raw: Path) -> None:
     """nnU-Net's raw format: imagesTr/<case>_0000.nii.gz, labelsTr/<case>.nii.gz and dataset.json."""
+    import SimpleITK as sitk
+
     folder = raw / DATASET
     (folder / "imagesTr").mkdir(parents=True)
     (folder / "labelsTr").mkdir()
@@ -112,6 +115,17 @@ def _budget_for_limit(limit: int) -> int:
     return budget
 
 
+def test_without_nnunetv2_the_cli_says_how_to_install_it(tmp_path):  # noqa: ANN001
+    shadow = tmp_path / "nnunetv2"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('No module named nnunetv2')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "memfit.cli", "nnunet", "plan", "4", "--budget", "12GiB"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "needs nnunetv2: pip install 'memfit[nnunet]'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_budget_label_is_exact():
     assert budget_label(24 * 2**30) == "24GiB"
     assert budget_label(25 * 10**9) == "25GB"
@@ -119,6 +133,7 @@ def test_budget_label_is_exact():
     assert budget_label(1234567) == "1234567B"
 
 
+@needs_nnunet
 def test_binding_budget_gives_the_largest_patch_on_nnunets_ladder_that_fits(nnunet_env, binding):  # noqa: ANN001
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
     from nnunetv2.utilities.label_handling.label_handling import LabelManager
@@ -169,6 +184,7 @@ def test_binding_budget_gives_the_largest_patch_on_nnunets_ladder_that_fits(nnun
     assert result.preprocess_command is None
 
 
+@needs_nnunet
 def test_slack_budget_keeps_the_median_patch_and_nnunets_batch_cap(nnunet_env):  # noqa: ANN001
     source = _load(nnunet_env / "nnUNetPlans.json")["configurations"]["3d_fullres"]
     result = plan_nnunet(DATASET_ID, budget="40GiB", gpu="h100", name="nnUNetPlans_memfit_test_slack")
@@ -178,6 +194,7 @@ def test_slack_budget_keeps_the_median_patch_and_nnunets_batch_cap(nnunet_env): 
     assert result.max_batch_size == 2 and result.chosen.batch_size == 2
 
 
+@needs_nnunet
 def test_batch_grows_to_the_largest_that_fits_under_a_resenc_preset(nnunet_env):  # noqa: ANN001
     """nnUNetPlannerResEncM lets a step see the whole dataset (max_dataset_covered = 1): up to 4 patches here."""
     plans = _load(nnunet_env / "nnUNetResEncUNetMPlans.json")
@@ -206,6 +223,7 @@ def test_batch_grows_to_the_largest_that_fits_under_a_resenc_preset(nnunet_env):
     assert binds.chosen.device_bytes == need(batch) <= limit < need(batch + 1)
 
 
+@needs_nnunet
 def test_budget_below_the_cuda_context_raises(nnunet_env):  # noqa: ANN001
     before = set(os.listdir(nnunet_env))
     with pytest.raises(BudgetTooSmallError, match="CUDA context"):
@@ -213,6 +231,7 @@ def test_budget_below_the_cuda_context_raises(nnunet_env):  # noqa: ANN001
     assert set(os.listdir(nnunet_env)) == before
 
 
+@needs_nnunet
 def test_budget_no_patch_fits_raises_at_the_bottom_of_the_ladder(nnunet_env):  # noqa: ANN001
     from memfit.estimate.gpus import gpu_spec
 
@@ -222,6 +241,7 @@ def test_budget_no_patch_fits_raises_at_the_bottom_of_the_ladder(nnunet_env):  #
         plan_nnunet(DATASET_ID, budget=budget)
 
 
+@needs_nnunet
 def test_never_overwrites_a_plans_file_memfit_did_not_write(nnunet_env):  # noqa: ANN001
     custom = nnunet_env / "myPlans.json"
     custom.write_text('{"configurations": {}}')
@@ -236,6 +256,7 @@ def test_never_overwrites_a_plans_file_memfit_did_not_write(nnunet_env):  # noqa
     assert again.plans_file == first.plans_file and again.chosen == first.chosen
 
 
+@needs_nnunet
 def test_nnunets_own_entry_point_runs_the_memfit_planner(nnunet_env, binding):  # noqa: ANN001
     """plan_experiment_dataset (what nnUNetv2_plan_experiment calls) with the class: the same 3d_fullres patch."""
     from nnunetv2.experiment_planning.plan_and_preprocess_api import plan_experiment_dataset
@@ -252,6 +273,7 @@ def test_nnunets_own_entry_point_runs_the_memfit_planner(nnunet_env, binding):  
 
 
 @pytest.mark.slow  # 10 s on an idle 2-core CPU, 22 s on a busy one
+@needs_nnunet
 def test_nnunet_trainer_trains_the_new_plans_on_cpu(binding, monkeypatch):  # noqa: ANN001
     """nnU-Net's own trainer, loaded as nnUNetv2_train loads it (-p <identifier>), runs two iterations."""
     import torch
@@ -269,6 +291,7 @@ def test_nnunet_trainer_trains_the_new_plans_on_cpu(binding, monkeypatch):  # no
     assert (Path(trainer.output_folder) / "checkpoint_final.pth").is_file()
 
 
+@needs_nnunet
 def test_cli_prints_the_train_command_and_fails_in_one_line(nnunet_env):  # noqa: ANN001
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "memfit.cli", "nnunet", "plan", *args], capture_output=True,
@@ -285,6 +308,7 @@ def test_cli_prints_the_train_command_and_fails_in_one_line(nnunet_env):  # noqa
     assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
 
+@needs_nnunet
 def test_missing_plans_or_dataset_is_a_usage_error(nnunet_env, monkeypatch):  # noqa: ANN001
     with pytest.raises(UsageError, match="no plans .*nope.json"):
         plan_nnunet(DATASET_ID, budget="24GiB", source_plans="nope")

@@ -227,6 +227,11 @@ def memfit_planner(
             # right side the limit in bytes, the unit static_estimate_VRAM_usage returns here
             self.UNet_reference_val_3d = self.UNet_reference_val_2d = self.memfit.limit_bytes
             self.UNet_reference_val_corresp_GB = self.UNet_vram_target_GB
+            # what static_estimate_VRAM_usage is told; set here too for a configuration whose every patch nnU-Net
+            # finds in its own cache (plan_experiment shares one across configurations)
+            channels = self.dataset_json.get("channel_names") or self.dataset_json.get("modality") or {}
+            self._memfit_input_channels = len(channels)
+            self.memfit_max_batch_size = self.UNet_min_batch_size
 
         def static_estimate_VRAM_usage(self, patch_size: Sequence[int], input_channels: int,  # noqa: N802
                                        output_channels: int, arch_class_name: str, arch_kwargs: dict,
