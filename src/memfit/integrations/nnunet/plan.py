@@ -15,6 +15,7 @@ import io
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,7 @@ def _planner_class(name: str) -> type:
     import nnunetv2
     from nnunetv2.utilities.find_class_by_name import recursive_find_python_class
 
-    base_name = name.removeprefix("Memfit") if name.startswith("Memfit") else name
+    base_name = name.removeprefix("Memfit")  # plans memfit wrote through plan_experiment_dataset
     with _nnunet_output_to_log():
         found = recursive_find_python_class(os.path.join(nnunetv2.__path__[0], "experiment_planning"), base_name,
                                             "nnunetv2.experiment_planning")
@@ -226,8 +227,6 @@ def plan_nnunet(
         # as ExperimentPlanner.plan_experiment: the median shape's voxels times the number of training cases
         n_voxels = float(np.prod(median, dtype=np.float64) * planner.dataset_json["numTraining"])
         entry = planner.get_plans_for_configuration(spacing, median, data_identifier, n_voxels, {})
-        import warnings
-
         with warnings.catch_warnings():  # the ResEnc presets warn about a target that is not theirs
             warnings.simplefilter("ignore")
             default = base(dataset_name, target_gb, preprocessor).get_plans_for_configuration(
@@ -235,9 +234,9 @@ def plan_nnunet(
     channels = determine_num_input_channels(manager, CONFIGURATION, planner.dataset_json)
     est = planner.memfit
     chosen = est.choice(entry["architecture"], entry["patch_size"], entry["batch_size"], channels)
-    source_architecture = {"network_class_name": source_config["architecture"]["network_class_name"],
-                           "arch_kwargs": source_config["architecture"]["arch_kwargs"],
-                           "_kw_requires_import": source_config["architecture"]["_kw_requires_import"]}
+    nnunet_default = est.choice(default["architecture"], default["patch_size"], default["batch_size"], channels)
+    as_it_is = est.choice(source_config["architecture"], source_config["patch_size"], source_config["batch_size"],
+                          channels)
 
     config = copy.deepcopy(source_config)
     config.update(patch_size=entry["patch_size"], batch_size=entry["batch_size"], architecture=entry["architecture"])
@@ -262,9 +261,7 @@ def plan_nnunet(
         dataset=dataset_name, source_plans=source_plans, plans_identifier=identifier, plans_file=str(target),
         planner=base.__name__, gpu=spec.name, budget_bytes=budget_bytes, margin=margin, chosen=chosen,
         max_batch_size=planner.memfit_max_batch_size,
-        nnunet_default=est.choice(default["architecture"], default["patch_size"], default["batch_size"], channels),
-        nnunet_target_gb=round(target_gb, 3),
-        source=est.choice(source_architecture, source_config["patch_size"], source_config["batch_size"], channels),
+        nnunet_default=nnunet_default, nnunet_target_gb=round(target_gb, 3), source=as_it_is,
         ladder=list(est.ladder), train_command=f"nnUNetv2_train {dataset_id} {CONFIGURATION} FOLD -p {identifier}",
         preprocess_command=preprocess, estimates=est.runs, elapsed_s=time.perf_counter() - started, notes=notes,
     )
