@@ -388,6 +388,41 @@ def plan(
         console.print(f"wrote {path}")
 
 
+nnunet_app = typer.Typer(no_args_is_help=True, help="nnU-Net v2: plans whose patch and batch fit a memory budget.")
+app.add_typer(nnunet_app, name="nnunet")
+
+
+@nnunet_app.command("plan")
+def nnunet_plan(
+    dataset: str = typer.Argument(..., help="nnU-Net dataset id (4) or folder name (Dataset004_Hippocampus)."),
+    budget: str = typer.Option(..., "--budget", help="GPU memory for the training process, e.g. 24GiB or 24GB."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU to plan for: h100, h200, a100, rtx4090."),
+    plans: str = typer.Option("nnUNetPlans", "--plans", help="The plans identifier to start from."),
+    name: Optional[str] = typer.Option(None, "--name", help="The new plans identifier [default: "
+                                       "<plans>_memfit_<budget>]."),
+    margin: float = typer.Option(0.02, "--margin", help="Keep predicted device memory under budget × (1 - margin)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as versioned JSON."),
+) -> None:
+    """Write an nnU-Net plans file whose 3d_fullres patch and batch memfit chose for BUDGET (nnUNet_raw and
+    nnUNet_preprocessed set, as for nnUNetv2_plan_and_preprocess); print the nnUNetv2_train command."""
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.units import parse_bytes
+
+    budget_bytes = parse_bytes(budget)
+    if not 0 <= margin < 0.5:
+        _fail(f"--margin must be between 0 and 0.5, got {margin}.")
+    spec = gpu_spec(gpu)
+    from memfit.integrations.nnunet.plan import plan_nnunet
+
+    with _running("planning nnU-Net"):
+        result = plan_nnunet(dataset, budget=budget_bytes, gpu=spec, source_plans=plans, name=name, margin=margin)
+    if json_out:
+        typer.echo(result.to_json(indent=2))
+        return
+    for line in result.summary():
+        typer.echo(line)
+
+
 @app.command("list")
 def list_builtins() -> None:
     """List the built-in workloads."""
