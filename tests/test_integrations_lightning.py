@@ -188,3 +188,35 @@ def test_pytorch_lightning_trainers_get_their_own_callback() -> None:
 
     callback = PLCallback(budget="24GiB")
     assert isinstance(callback, pl.Callback) and callback.lightning is pl and callback.budget_bytes == 24 * 2**30
+
+
+class OomOnRank:
+    """A forward pre-hook: a fake OOM on one rank only, for micro-batches above ``limit`` samples."""
+
+    def __init__(self, rank: int, limit: int) -> None:
+        self.rank, self.limit = rank, limit
+
+    def __call__(self, module: Any, args: Any, kwargs: Any) -> None:
+        n = int(kwargs["input_ids"].shape[0])
+        if torch.distributed.get_rank() == self.rank and n > self.limit:
+            raise fake_oom()
+
+
+@pytest.mark.slow
+def test_under_ddp_one_ranks_oom_is_agreed_and_gradients_match_plain_ddp() -> None:
+    """Two CPU ranks (gloo, ddp_spawn): only rank 1 runs out of memory; both must split, reduce their gradients
+    once, and end where plain DDP ends without the OOM."""
+
+    def ddp_fit(module: TinyLM, callbacks: list[Any]) -> None:
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=2,
+                            accumulate_grad_batches=2, precision="64-true", logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            num_sanity_val_steps=0, callbacks=callbacks)
+        trainer.fit(module)
+
+    reference = TinyLM(batch_size=4)
+    ddp_fit(reference, [])
+    guarded = TinyLM(batch_size=4)
+    guarded.model.register_forward_pre_hook(OomOnRank(rank=1, limit=2), with_kwargs=True)
+    ddp_fit(guarded, [MemfitCallback()])
+    assert_same_parameters(reference, guarded)  # rank 0's parameters, returned by ddp_spawn
