@@ -116,3 +116,49 @@ def test_plan_training_arguments_plans_the_models_step(tmp_path: Path) -> None:
     assert updated.per_device_train_batch_size * updated.gradient_accumulation_steps == 32
     assert updated.per_device_train_batch_size == 32 and "memfit plan under 64.00 GiB" in summary
     assert next(model.parameters()).device.type == "cpu"  # the model itself was not moved or copied
+
+
+def _rank_worker(rank: int, world: int, port: int, limit: int | None, out: str, guarded: bool) -> None:
+    """One rank of a 2-process CPU (gloo) DDP Trainer; a fake OOM on rank 1 only, above ``limit`` samples."""
+    import os
+    import tempfile
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    args = arguments(Path(tempfile.mkdtemp()), per_device_train_batch_size=4, max_steps=2, ddp_backend="gloo")
+    model = tiny_gpt2()
+
+    def oom_on_rank_1(module: Any, args: Any, kwargs: Any) -> None:
+        if limit is not None and rank == 1 and kwargs["input_ids"].shape[0] > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected on rank 1)")
+
+    model.register_forward_pre_hook(oom_on_rank_1, with_kwargs=True)
+    trainer = (MemfitTrainer if guarded else transformers.Trainer)(model=model, args=args,
+                                                                   train_dataset=Samples(32, pad=True))
+    trainer.train()
+    guard = getattr(trainer, "memfit_guard", None)
+    torch.save({"ooms": guard.ooms if guard else None, "size": guard.size if guard else None,
+                "state": model.state_dict()}, f"{out}.rank{rank}")
+
+
+@pytest.mark.slow
+def test_under_ddp_one_ranks_oom_is_agreed_and_gradients_match_plain_ddp(tmp_path: Path) -> None:
+    """Two CPU ranks (gloo): only rank 1 runs out of memory; both split and replay, reduce once per step, and end
+    with the parameters of a plain DDP Trainer without the OOM."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    def launch(limit: int | None, guarded: bool, out: str) -> list[dict[str, Any]]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(_rank_worker, args=(2, port, limit, out, guarded), nprocs=2, join=True)
+        return [torch.load(f"{out}.rank{r}") for r in range(2)]
+
+    reference = launch(None, False, str(tmp_path / "reference"))
+    guarded = launch(2, True, str(tmp_path / "guarded"))
+    assert [(r["ooms"], r["size"]) for r in guarded] == [(1, 2), (1, 2)]  # rank 0 split with rank 1
+    for name, value in guarded[0]["state"].items():
+        assert torch.equal(value, guarded[1]["state"][name]), name
+        assert torch.allclose(value, reference[0]["state"][name], rtol=0.0, atol=1e-9), name
