@@ -220,3 +220,25 @@ def test_under_ddp_one_ranks_oom_is_agreed_and_gradients_match_plain_ddp() -> No
     guarded.model.register_forward_pre_hook(OomOnRank(rank=1, limit=2), with_kwargs=True)
     ddp_fit(guarded, [MemfitCallback()])
     assert_same_parameters(reference, guarded)  # rank 0's parameters, returned by ddp_spawn
+
+
+def test_a_plan_that_changed_precision_switches_lightnings_precision_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner proposes bf16 only with allow_precision_change; the callback then runs bf16-mixed."""
+    from memfit.integrations import lightning as integration
+    from memfit.plan.search import Candidate, Config, Plan
+
+    config = Config(micro_batch=8, accumulation_steps=1, precision="bf16")
+    chosen = Candidate(config=config, device_bytes=1, fits_in_bytes=1, step_time_s=None, samples_per_s=None,
+                       verified=True, fits=True)
+    fixed = Plan(workload="TinyLM", gpu="H100", budget_bytes=2, margin=0.0, effective_batch=8, chosen=chosen,
+                 frontier=[chosen], considered=1, estimates=1, speed_model="none")
+    asked: dict[str, Any] = {}
+    monkeypatch.setattr(integration, "plan", lambda workload, **kwargs: asked.update(kwargs) or fixed)
+    module = TinyLM(batch_size=8)
+    module.model.float()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, precision="32-true", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[MemfitCallback(budget="10GiB", gpu="h100", allow_precision_change=True)])
+    trainer.fit(module)
+    assert asked["allow_precision_change"] is True
+    assert trainer.precision_plugin.precision == "bf16-mixed"
