@@ -27,6 +27,8 @@ from memfit.integrations.nnunet import (
 )
 
 HAVE_NNUNET = all(importlib.util.find_spec(m) is not None for m in ("nnunetv2", "SimpleITK"))
+if os.environ.get("MEMFIT_REQUIRE_NNUNET") and not HAVE_NNUNET:  # CI's nnU-Net environment (.ci/run)
+    raise RuntimeError("MEMFIT_REQUIRE_NNUNET is set but nnunetv2 or SimpleITK is missing: pip install -e '.[nnunet]'")
 needs_nnunet = pytest.mark.skipif(not HAVE_NNUNET, reason="needs nnunetv2 (pip install 'memfit[nnunet]')")
 
 DATASET_ID = 901
