@@ -21,6 +21,7 @@ from memfit.data.patches import PatchSampler
 from memfit.data.storage import ContainerFinding
 from memfit.distributed.ranks import Finding, GpuProcess, RankMemory, RankReport, diagnose
 from memfit.distributed.shard import ModelStateMemory, Sharding, ShardingComparison, compare_sharding
+from memfit.errors import MissingExtraError
 from memfit.estimate.allocator import Replay, replay
 from memfit.estimate.measure import Measurement, Trial
 from memfit.estimate.op_costs import StepCost
@@ -29,6 +30,8 @@ from memfit.explain.explanation import Explanation, explain
 from memfit.explain.oom_diagnosis import OomDiagnosis, diagnose_oom
 from memfit.explain.oom_message import OomMessage, parse_oom_message
 from memfit.guard.step import StepMetrics
+from memfit.integrations.nnunet.plan import NnunetPlan
+from memfit.integrations.nnunet.planner import LadderStep, PatchChoice
 from memfit.plan.search import Plan
 from memfit.records import JsonRecord
 from memfit.speed.step_time import Calibration, SpeedParams, SpeedPrediction, predict_step_time
@@ -41,7 +44,10 @@ OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.00 GiB total c
 def _all_memfit_classes() -> list[type]:
     classes = []
     for info in pkgutil.walk_packages(memfit.__path__, "memfit."):
-        module = importlib.import_module(info.name)
+        try:
+            module = importlib.import_module(info.name)
+        except MissingExtraError:  # an integration whose framework is not installed here
+            continue
         classes += [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == info.name]
     return classes
 
@@ -60,6 +66,8 @@ def _examples(e: Explanation) -> dict[type, Callable[[], JsonRecord]]:
     assert cost is not None
     trial = Trial(ok=True, cap_bytes=None, peak_allocated_bytes=1, peak_reserved_bytes=2, outside_allocator_bytes=3,
                   num_alloc_retries=0, elapsed_s=0.5)
+    choice = PatchChoice(patch_size=(64, 64, 64), batch_size=2, device_bytes=5, peak_allocated_bytes=4,
+                         fits_budget=True)
     return {
         Replay: lambda: replay([(1, 1, 100), (-1, 1, 0)]),
         Estimate: lambda: e.estimate,
@@ -90,6 +98,14 @@ def _examples(e: Explanation) -> dict[type, Callable[[], JsonRecord]]:
         SpeedPrediction: lambda: predict_step_time(cost, "h100"),
         Calibration: lambda: Calibration(params=SpeedParams(), gpu="H100", workload="mlp", micro_batches=(1, 2),
                                          measured=((1.0, 2.0, 3.0), (2.0, 4.0, 3.0)), rms_log_error=0.1),
+        NnunetPlan: lambda: NnunetPlan(
+            dataset="Dataset004_Hippocampus", source_plans="nnUNetPlans", plans_identifier="nnUNetPlans_memfit_8GiB",
+            plans_file="nnUNetPlans_memfit_8GiB.json", planner="ExperimentPlanner", gpu="H100", budget_bytes=8 << 30,
+            margin=0.02, chosen=choice, max_batch_size=2, nnunet_default=choice, nnunet_target_gb=8.0,
+            source=choice, ladder=[LadderStep(patch_size=(64, 64, 64), strides=((1, 1, 1),), device_bytes=5,
+                                              fits=True)],
+            train_command="nnUNetv2_train 4 3d_fullres 0 -p nnUNetPlans_memfit_8GiB", preprocess_command=None,
+            estimates=1, elapsed_s=0.1),
         StepMetrics: lambda: StepMetrics(step=3, micro_batch_size=2, micro_batches=4, samples=8, ooms=1,
                                          skipped=False, skip_reason=None, loss_tensor=torch.tensor(1.5),
                                          grad_norm_tensor=torch.tensor(0.25)),
