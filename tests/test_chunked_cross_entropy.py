@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from memfit import estimate
 from memfit.errors import WorkloadError
+from memfit.workload.models import CausalLM
+from memfit.workload.spec import Workload
 from memfit.workload.chunked_cross_entropy import (
-    ChunkedLossOutput,
+    CausalLMOutput,
     chunked_linear_cross_entropy,
     default_chunk_tokens,
     use_chunked_cross_entropy,
@@ -125,7 +130,7 @@ def test_the_swapped_model_returns_the_shifted_loss_without_logits() -> None:
     ref_grad = torch.autograd.grad(ref, model.lm_head.weight)[0]
     use_chunked_cross_entropy(model, chunk_tokens=4)
     out = model(ids, labels=labels)
-    assert isinstance(out, ChunkedLossOutput) and out.logits is None
+    assert isinstance(out, CausalLMOutput) and out.logits is None
     torch.testing.assert_close(out.loss, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.autograd.grad(out.loss, model.lm_head.weight)[0], ref_grad, rtol=1e-5,
                                atol=1e-6)
@@ -139,3 +144,38 @@ def test_the_swapped_model_returns_the_shifted_loss_without_logits() -> None:
 def test_a_model_without_an_output_layer_is_refused_with_what_to_do() -> None:
     with pytest.raises(WorkloadError, match="get_output_embeddings"):
         use_chunked_cross_entropy(torch.nn.Linear(4, 4))
+
+
+# ------------------------------------------------------------------------- memfit estimates the knob right
+
+V, H, B, T = 32_000, 128, 4, 2048  # 8192 tokens: four chunks of default_chunk_tokens(32000) = 2097
+
+
+def _lm_workload(loss_impl: str, precision: str) -> Workload:
+    return Workload(
+        name="lm-32k",
+        model=lambda: CausalLM(vocab=V, seq_len=T, dim=H, layers=1, heads=2),
+        batch=lambda n: {"input_ids": torch.randint(0, V, (n, T)), "labels": torch.randint(0, V, (n, T))},
+        loss=lambda out, batch: out.loss,
+        optimizer=lambda p: torch.optim.AdamW(p),
+        batch_size=B,
+        precision=precision,
+        keep_output=False,  # HF Trainer's loss-only step
+        loss_impl=loss_impl,
+    )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_estimate_drops_by_the_logits_bytes_and_no_logits_tensor_is_left(precision: str) -> None:
+    plain, chunked = estimate(_lm_workload("default", precision)), estimate(_lm_workload("chunked", precision))
+    n, c = B * T, default_chunk_tokens(V)
+    # plain, at its backward peak: log_softmax's fp32 output (saved for backward), nll_loss's gradient of it and
+    # the logits' gradient, each N × V fp32 (the bf16 logits are freed once upcast)
+    plain_logits = 3 * n * V * 4
+    # chunked, at its peak: one chunk's fp32 logits (plus their bf16 copy under autocast) and the fp32 (V, H)
+    # weight-gradient accumulator
+    chunk_logits = c * V * (4 + (2 if precision == "bf16" else 0)) + V * H * 4
+    saving = plain.peak_allocated_bytes - chunked.peak_allocated_bytes
+    assert saving == pytest.approx(plain_logits - chunk_logits, rel=0.10)
+    assert any(t.shape == (n, V) for t in plain.largest_tensors)
+    assert not any(t.shape[-1:] == (V,) and math.prod(t.shape) >= n * V for t in chunked.largest_tensors)

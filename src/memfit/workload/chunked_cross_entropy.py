@@ -110,6 +110,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                     grad_w.add_(g.T @ h)  # accumulated in the weight's dtype (fp32 for an autocast model)
                 if grad_b is not None:
                     grad_b.add_(g.sum(0))
+                del g  # before the next chunk's logits: two chunks alive at once would double the saving's cost
         return grad_h, grad_w, grad_b, None, None, None, None
 
 
@@ -162,11 +163,19 @@ def chunked_linear_cross_entropy(
 
 
 @dataclass
-class ChunkedLossOutput:
-    """What a swapped non-Hugging-Face model returns when given labels: the loss, and no logits."""
+class CausalLMOutput:
+    """A causal LM's output with labels: the loss, and the logits (None once the chunked loss is swapped in)."""
 
-    loss: torch.Tensor
-    logits: None = None
+    loss: torch.Tensor | None
+    logits: torch.Tensor | None = None
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Hugging Face's ``ForCausalLMLoss`` (mean reduction): fp32 logits, labels shifted left by one, the last
+    position ignored. Padding the labels, not slicing the logits, avoids copying the (B, T, V) logits."""
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shifted.reshape(-1),
+                                             ignore_index=ignore_index)
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
@@ -250,4 +259,4 @@ def _output(model: torch.nn.Module, loss: torch.Tensor, body_out: Any) -> Any:
 
         return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=getattr(body_out, "hidden_states", None),
                                       attentions=getattr(body_out, "attentions", None))
-    return ChunkedLossOutput(loss=loss)
+    return CausalLMOutput(loss=loss)
