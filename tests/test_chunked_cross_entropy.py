@@ -10,14 +10,14 @@ import torch.nn.functional as F
 
 from memfit import estimate
 from memfit.errors import WorkloadError
-from memfit.workload.models import CausalLM
-from memfit.workload.spec import Workload
 from memfit.workload.chunked_cross_entropy import (
     CausalLMOutput,
     chunked_linear_cross_entropy,
     default_chunk_tokens,
     use_chunked_cross_entropy,
 )
+from memfit.workload.models import CausalLM
+from memfit.workload.spec import Workload
 
 
 def _inputs(n: int = 37, h: int = 16, v: int = 301, bias: bool = True, ignored: int = 5):

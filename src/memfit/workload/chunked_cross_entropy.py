@@ -236,7 +236,8 @@ def _chunked_forward(model: torch.nn.Module, forward: Any, head: torch.nn.Linear
         shift_labels = kwargs.pop("shift_labels", None)
         ignore_index = kwargs.pop("ignore_index", -100)
         kwargs.pop("logits_to_keep", None)  # the loss covers every position, as HF's does with labels
-        out = model.base_model(input_ids, **kwargs)
+        body: Any = model.base_model
+        out = body(input_ids, **kwargs)
         hidden = out if isinstance(out, torch.Tensor) else out[0]  # HF: last_hidden_state comes first
         if shift_labels is None:
             assert labels is not None
