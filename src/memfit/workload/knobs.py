@@ -18,7 +18,7 @@ import torch
 
 from memfit.errors import WorkloadError
 from memfit.workload.chunked_cross_entropy import output_head
-from memfit.workload.spec import OPTIMIZER_IMPLS, OptimizerImpl, Workload
+from memfit.workload.spec import OPTIMIZER_IMPLS, LossImpl, OptimizerImpl, Workload
 
 _CHECKPOINTED = "_memfit_checkpointed"
 _INDEX = re.compile(r"^\d+$")
@@ -165,6 +165,11 @@ class ModelFacts:
     optimizer_impls: tuple[OptimizerImpl, ...]
     output_vocab: int | None = None
     """The output layer's width where the chunked cross-entropy can be swapped in (an HF-shaped causal LM)."""
+
+    @property
+    def loss_impls(self) -> tuple[LossImpl, ...]:
+        """The ``Workload.loss_impl`` values this model takes: ``chunked`` only where memfit finds its output layer."""
+        return ("default", "chunked") if self.output_vocab is not None else ("default",)
 
 
 def model_facts(workload: Workload) -> ModelFacts:
