@@ -179,3 +179,29 @@ def test_the_estimate_drops_by_the_logits_bytes_and_no_logits_tensor_is_left(pre
     assert saving == pytest.approx(plain_logits - chunk_logits, rel=0.10)
     assert any(t.shape == (n, V) for t in plain.largest_tensors)
     assert not any(t.shape[-1:] == (V,) and math.prod(t.shape) >= n * V for t in chunked.largest_tensors)
+
+
+def _tiny_llama() -> torch.nn.Module:
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except Exception as exc:  # not installed, or installed without a working torchvision beside it
+        pytest.skip(f"needs transformers with a loadable LlamaForCausalLM: {exc}")
+    config = LlamaConfig(vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def test_a_hugging_face_causal_lm_gets_its_own_loss_without_logits() -> None:
+    model = _tiny_llama()
+    ids = torch.randint(0, 500, (2, 13))
+    labels = ids.clone()
+    labels[1, 9:] = -100
+    ref = model(input_ids=ids, labels=labels)
+    grads = torch.autograd.grad(ref.loss, model.lm_head.weight)[0]
+    use_chunked_cross_entropy(model, chunk_tokens=5)
+    out = model(input_ids=ids, labels=labels)
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(out.loss, model.lm_head.weight)[0], grads, rtol=1e-4, atol=1e-6)
+    assert model(input_ids=ids).logits.shape == (2, 13, 500)
