@@ -10,7 +10,7 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.explain.explanation import explain
 from memfit.plan.patch import patch_ladder
 from memfit.plan.search import DEFAULT_MARGIN
-from memfit.workload.models import UNet
+from memfit.workload.models import CausalLM, UNet
 from memfit.workload.spec import Workload
 from memfit.workload.zoo import builtin_workload
 
@@ -119,3 +119,41 @@ def test_gpu_top_fix_measured_within_the_estimators_bound():
     trial = run_trial("unet2d", changes={k: list(v) if isinstance(v, tuple) else v for k, v in top.changes.items()})
     assert trial.ok, trial.error
     assert abs(top.peak_allocated_bytes - trial.peak_allocated_bytes) <= 0.05 * trial.peak_allocated_bytes
+
+
+def _causal_lm(vocab: int) -> Workload:
+    """One decoder layer over 8192 tokens; with vocab 32000 its logits are most of the step's memory."""
+    return Workload(
+        name=f"lm-{vocab}",
+        model=lambda: CausalLM(vocab=vocab, seq_len=8192, dim=128, layers=1, heads=2),
+        batch=lambda n: {"input_ids": torch.randint(0, vocab, (n, 8192)), "labels": torch.randint(0, vocab, (n, 8192))},
+        loss=lambda out, batch: out.loss,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4),
+        batch_size=1,  # no micro-batch fixes to estimate: keeps the test fast
+        precision="bf16",
+        keep_output=False,
+    )
+
+
+def test_large_vocabulary_logits_are_named_and_the_chunked_loss_is_offered():
+    w = _causal_lm(32_000)
+    e = explain(w)
+    assert e.notes[0].startswith("The logits dominate the peak") and "8192 × 32000" in e.notes[0]
+    fix = next(f for f in e.fixes if f.knob == "loss")
+    assert fix.changes == {"loss_impl": "chunked"}
+    chunked = estimate(w.replace(loss_impl="chunked"))
+    assert fix.device_upper_bytes == chunked.device_upper_bytes
+    # the logits (three 8192 × 32000 fp32 tensors at the backward peak, 3 GiB) were most of the step
+    assert fix.saving_bytes > 0.5 * e.estimate.fits_in_bytes
+    assert e.fixes[0] is fix  # the largest saving here
+
+
+def test_small_vocabulary_gets_no_logits_note_and_no_chunked_loss():
+    e = explain(_causal_lm(256))  # byte-level: 8192 × 256 logits are a few MiB next to the cuBLAS workspaces
+    assert not any("logits" in n for n in e.notes)
+    assert not any(f.knob == "loss" for f in [*e.fixes, *e.not_helping])
+
+
+def test_logits_are_named_below_32k_when_they_hold_a_quarter_of_the_peak():
+    e = explain(_causal_lm(1000), fixes=False)  # 3 × 8192 × 1000 fp32 = 96 MiB, over 40 % of the peak
+    assert e.notes[0].startswith("The logits dominate the peak: 3 tensors of 8192 × 1000")

@@ -76,3 +76,19 @@ def test_checkpointing_lowers_a_transformer_peak():
     ckpt = estimate(w.replace(checkpoint=("blocks.0", "blocks.1", "blocks.2", "blocks.3")))
     assert ckpt.breakdown["activations"] < plain.breakdown["activations"]
     assert ckpt.peak_allocated_bytes < plain.peak_allocated_bytes
+
+
+def test_the_chunked_loss_is_a_knob_only_for_models_that_expose_their_output_layer():
+    from memfit.workload.knobs import model_facts
+    from memfit.workload.models import CausalLM
+    from memfit.workload.spec import Workload
+
+    def facts(model):
+        return model_facts(Workload(model=model, batch=lambda n: (torch.zeros(n, 8, dtype=torch.long),),
+                                    loss=lambda out, b: out.loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                                    batch_size=1))
+
+    lm = facts(lambda: CausalLM(vocab=50_000, seq_len=8, dim=16, layers=1, heads=2))
+    assert lm.output_vocab == 50_000 and lm.loss_impls == ("default", "chunked")
+    gpt = facts(lambda: GPT(vocab=50_000, seq_len=8, dim=16, layers=1, heads=2))  # logits only: no loss inside
+    assert gpt.output_vocab is None and gpt.loss_impls == ("default",)

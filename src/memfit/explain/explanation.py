@@ -20,11 +20,12 @@ from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
 from memfit.explain.fixes import Fix, FixContext, combine_fixes, find_fixes
+from memfit.explain.logits import logits_at_peak
 from memfit.explain.oom_diagnosis import OomDiagnosis, diagnose_oom
 from memfit.explain.oom_message import parse_oom_message
 from memfit.records import JsonRecord
 from memfit.units import format_bytes
-from memfit.workload.knobs import activations_by_block
+from memfit.workload.knobs import activations_by_block, model_facts
 from memfit.workload.spec import Workload
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,10 @@ def explain(
     oom = diagnose_oom(parse_oom_message(oom_text), base) if oom_text is not None else None
     when, why = _peak_story(base, workload)
     notes = list(base.warnings)
+    vocab = model_facts(workload).output_vocab
+    logits = logits_at_peak(base, vocab)
+    if logits is not None:
+        notes.insert(0, logits.sentence(workload.loss_impl, chunkable=vocab is not None))
     if budget_bytes is not None and base.device_bytes > budget_bytes and fixes and combination is None and not any(
         f.fits_budget for f in found
     ):

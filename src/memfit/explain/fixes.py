@@ -18,6 +18,7 @@ from memfit.errors import MemfitError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.predict import Estimate, estimate
+from memfit.explain.logits import logits_at_peak
 from memfit.plan.patch import patch_ladder, plan_patch
 from memfit.speed.step_time import predict_step_time
 from memfit.workload.knobs import ModelFacts, checkpoint_choices, model_facts
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 FixKind = Literal[
     "micro_batch", "precision", "checkpointing", "channels_last", "optimizer", "expandable_segments", "patch",
-    "combined",
+    "loss", "combined",
 ]
 """Which knob a fix turns (``combined``: several fixes together)."""
 TrainingChange = Literal["no", "numerics", "semantics"]
@@ -214,6 +215,18 @@ def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
                 changes_training="semantics",
                 caveat="each sample sees less context; segmentation quality can change",
             )
+    # 8. the chunked cross-entropy, where the logits of a large vocabulary are at the peak and the model exposes
+    # its output layer (an HF-shaped causal LM): memfit cannot find the loss inside an arbitrary model
+    if w.loss_impl == "default" and facts.output_vocab is not None and logits_at_peak(ctx.base, facts.output_vocab):
+        attempt(
+            {"loss_impl": "chunked"},
+            name="chunked cross-entropy (no full logits)",
+            knob="loss",
+            speed_cost="one more output-layer matmul in backward (about a third more of its FLOPs) and a loop "
+            "over chunks of tokens",
+            changes_training="no",
+            caveat="the same loss up to floating-point rounding; the model must be called with labels",
+        )
     return sorted(fixes, key=lambda f: -f.saving_bytes)
 
 

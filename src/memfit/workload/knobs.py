@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from memfit.errors import WorkloadError
-from memfit.workload.spec import OPTIMIZER_IMPLS, OptimizerImpl, Workload
+from memfit.workload.chunked_cross_entropy import output_head
+from memfit.workload.spec import OPTIMIZER_IMPLS, LossImpl, OptimizerImpl, Workload
 
 _CHECKPOINTED = "_memfit_checkpointed"
 _INDEX = re.compile(r"^\d+$")
@@ -162,6 +163,13 @@ class ModelFacts:
     has_conv: bool
     blocks: tuple[str, ...]
     optimizer_impls: tuple[OptimizerImpl, ...]
+    output_vocab: int | None = None
+    """The output layer's width where the chunked cross-entropy can be swapped in (an HF-shaped causal LM)."""
+
+    @property
+    def loss_impls(self) -> tuple[LossImpl, ...]:
+        """The ``Workload.loss_impl`` values this model takes: ``chunked`` only where memfit finds its output layer."""
+        return ("default", "chunked") if self.output_vocab is not None else ("default",)
 
 
 def model_facts(workload: Workload) -> ModelFacts:
@@ -170,6 +178,7 @@ def model_facts(workload: Workload) -> ModelFacts:
         with torch.device("meta"):
             model = workload.model()
             impls = tuple(optimizer_impls_for(workload.optimizer(model.parameters())))
+            head = output_head(model)
     except Exception:  # a factory that cannot build on meta: offer only the fixes that need no model facts
         return ModelFacts(False, False, (), ())
     norm_types = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
@@ -180,4 +189,5 @@ def model_facts(workload: Workload) -> ModelFacts:
         has_conv=any(isinstance(m, conv_types) for m in mods),
         blocks=tuple(checkpoint_candidates(model)),
         optimizer_impls=impls,
+        output_vocab=None if head is None else head.out_features,
     )

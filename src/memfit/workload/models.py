@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from memfit.workload.chunked_cross_entropy import CausalLMOutput, causal_lm_loss
+
 
 # --------------------------------------------------------------------------------------------------- ResNet-50
 class _Bottleneck(nn.Module):
@@ -128,6 +130,44 @@ class GPT(nn.Module):
             # non-reentrant checkpointing: block inputs are kept, everything inside is recomputed in backward
             x = checkpoint(block, x, use_reentrant=False) if self.checkpointing and self.training else block(x)
         return self.lm_head(self.ln_f(x))
+
+
+class CausalLM(nn.Module):
+    """A Llama-3-style decoder shaped like a Hugging Face causal LM: an untied output layer over a large
+    vocabulary, ``base_model`` returning the last hidden states, ``get_output_embeddings()`` and
+    ``forward(input_ids, labels=None)`` returning the shifted loss (so ``Workload.loss_impl="chunked"`` applies)."""
+
+    def __init__(self, vocab: int = 128_256, seq_len: int = 2048, dim: int = 1024, layers: int = 4,
+                 heads: int = 16) -> None:
+        super().__init__()
+        self.model = _DecoderBody(vocab, seq_len, dim, layers, heads)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)  # Llama 3 keeps the output layer untied
+
+    @property
+    def base_model(self) -> nn.Module:
+        return self.model
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+        logits = self.lm_head(self.model(input_ids))
+        return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
+
+
+class _DecoderBody(nn.Module):
+    def __init__(self, vocab: int, seq_len: int, dim: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(seq_len, dim)
+        self.layers = nn.ModuleList(TransformerBlock(dim, heads, causal=True, dropout=0.0) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids) + self.pos(torch.arange(input_ids.shape[1], device=input_ids.device))
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
 
 
 class ViT(nn.Module):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from memfit.errors import WorkloadError
+from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, set_optimizer_impl
 from memfit.workload.spec import Workload
 
@@ -85,6 +86,8 @@ def build(
             to_channels_last(model)
         if workload.checkpoint:
             apply_checkpointing(model, workload.checkpoint)
+        if workload.loss_impl == "chunked":
+            use_chunked_cross_entropy(model)
         model.train()
         optimizer = set_optimizer_impl(workload.optimizer(model.parameters()), workload.optimizer_impl)
     if configure_optimizer is not None:

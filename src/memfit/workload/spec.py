@@ -36,6 +36,10 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 OptimizerImpl = Literal["default", "foreach", "for-loop", "fused"]
 """How ``optimizer.step()`` runs: what the factory asked for, or one of PyTorch's three implementations."""
 OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = get_args(OptimizerImpl)
+LossImpl = Literal["default", "chunked"]
+"""How a causal LM's output layer and cross-entropy run: as the model writes them, or over chunks of tokens
+(``memfit.workload.chunked_cross_entropy``) without the (tokens × vocabulary) logits."""
+LOSS_IMPLS: tuple[LossImpl, ...] = get_args(LossImpl)
 
 
 def default_forward(model: Any, batch: Any) -> Any:
@@ -118,6 +122,11 @@ class Workload:
     optimizer_impl: OptimizerImpl = "default"
     """``default`` (what the factory asked for; PyTorch picks foreach on CUDA), ``foreach``, ``for-loop`` or
     ``fused``: the same mathematics, different temporaries and speed."""
+    loss_impl: LossImpl = "default"
+    """``chunked``: the model's output Linear and cross-entropy run over chunks of tokens, so the batch × sequence
+    × vocabulary logits (and their fp32 copy and gradient) never exist at once; the same loss up to rounding, at
+    the cost of one more output-layer matmul. Needs a Hugging Face-shaped causal LM called with ``labels``
+    (``memfit.workload.chunked_cross_entropy.use_chunked_cross_entropy``)."""
     patch_size: tuple[int, ...] | None = None
     """Spatial size of one input sample (``(128, 128, 128)``). When set, ``batch`` is called as
     ``batch(n, patch_size)``, which lets ``memfit plan --patch`` search it."""
@@ -169,6 +178,10 @@ class Workload:
         if not isinstance(self.optimizer_impl, str) or self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise WorkloadError(
                 f"Workload.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}."
+            )
+        if not isinstance(self.loss_impl, str) or self.loss_impl not in LOSS_IMPLS:
+            raise WorkloadError(
+                f"Workload.loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}."
             )
         for attr in ("patch_size", "patch_multiple"):
             value = getattr(self, attr)
