@@ -20,8 +20,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from _results import RESULTS, latest, stem  # noqa: E402
 from report_corpus import join  # noqa: E402
+
+from _results import RESULTS, latest, stem  # noqa: E402
 
 STEP = 0.005
 

@@ -32,7 +32,7 @@ class RealRunPaths:
         hf = sys.modules.get("transformers.utils.import_utils")
         if hf is not None and callable(getattr(hf, "is_fake_tensor", None)):
             self._saved.append((hf, "is_fake_tensor", hf.is_fake_tensor))
-            hf.is_fake_tensor = _never_fake
+            setattr(hf, "is_fake_tensor", _never_fake)  # noqa: B010 (the module is untyped)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -98,7 +98,8 @@ def _div_up(a: int, b: int) -> int:
 def max_threads_per_sm(compute_capability: tuple[int, int]) -> int:
     """Resident threads per SM (CUDA C Programming Guide, "Technical Specifications per Compute Capability"):
     2048 on 7.0, 8.0 and 9.0 (V100, A100, H100/H200), 1536 on 8.6 and 8.9 (RTX 30xx/40xx, L4), 1024 on 7.5."""
-    return {(7, 5): 1024, (8, 6): 1536, (8, 7): 1536, (8, 9): 1536}.get(tuple(compute_capability), 2048)
+    major, minor = compute_capability
+    return {(7, 5): 1024, (8, 6): 1536, (8, 7): 1536, (8, 9): 1536}.get((major, minor), 2048)
 
 
 def reduction_staging_bytes(shape: Sequence[int], strides: Sequence[int], dims: Sequence[int], itemsize: int,
