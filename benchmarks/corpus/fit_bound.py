@@ -1,13 +1,14 @@
-"""Fit the upper bound's base margin and widths on the corpus's *fit* half only (the validation half tunes nothing).
+"""Fit the upper bound's constants on the corpus's *fit* half only (the validation half tunes nothing).
 
     python benchmarks/corpus/fit_bound.py                        # latest predictions, H200 measurements
 
-For each fit-half entry, the widening it needed: measured ``fits_in`` / the estimate's replayed cap - 1. The base
-margin is the largest need of the entries that recorded no reason, rounded up to 0.5 %; each reason's width is
-the larger of its prior (``memfit.estimate.bound.WIDTHS``) and the largest need, beyond the base and the entry's
-other widths, of the entries that recorded it. Writes ``bound_fit_<card>_torch<x.y>_<date>.json``; the constants
-in ``memfit/estimate/bound.py`` are then set from it by hand, citing the file, and ``report_corpus.py`` judges
-them on the validation half with predictions made again.
+For each fit-half entry, the bytes it needed beyond the estimate's replayed cap: measured ``fits_in`` - replayed.
+The relative base margin stays the suite's prior (``memfit.estimate.bound.BASE_MARGIN``); each reason's width is
+the larger of its prior and the largest relative need, beyond the base and the entry's other widths, of the
+entries that recorded it; then the absolute slack is the largest remaining need in bytes, rounded up to 32 MiB
+(small steps miss by a few tens of MiB that no percentage of them covers). Writes
+``bound_fit_<card>_torch<x.y>_<date>.json``; the constants in ``memfit/estimate/bound.py`` are then set from it by
+hand, citing the file, and ``report_corpus.py`` judges them on the validation half.
 """
 
 from __future__ import annotations
@@ -25,21 +26,17 @@ from report_corpus import join  # noqa: E402
 from _results import RESULTS, latest, stem  # noqa: E402
 
 STEP = 0.005
+SLACK_STEP = 32 << 20
 
 
 def _up(x: float) -> float:
     return round(math.ceil(max(x, 0.0) / STEP - 1e-9) * STEP, 4)
 
 
-def fit(rows: list[dict], priors: dict[str, float]) -> dict:
+def fit(rows: list[dict], base: float, priors: dict[str, float]) -> dict:
     fit_rows = [r for r in rows if r["split"] == "fit" and r["status"] == "ok" and r.get("measured_fits_in")]
-    needs = []
-    for r in fit_rows:
-        replayed = r["predicted_replay"]
-        needs.append({"id": r["id"], "need": r["measured_fits_in"] / replayed - 1, "reasons": r["reasons"]})
-    plain = [n for n in needs if not n["reasons"]]
-    worst = max(plain, key=lambda n: n["need"])
-    base = _up(worst["need"])
+    needs = [{"id": r["id"], "replayed": r["predicted_replay"], "measured": r["measured_fits_in"],
+              "need": r["measured_fits_in"] / r["predicted_replay"] - 1, "reasons": r["reasons"]} for r in fit_rows]
     widths, set_by = {}, {}
     for reason, prior in priors.items():
         with_it = [n for n in needs if reason in n["reasons"]]
@@ -48,10 +45,14 @@ def fit(rows: list[dict], priors: dict[str, float]) -> dict:
         widths[reason] = max(prior, _up(need))
         set_by[reason] = {"entries": len(with_it), "largest_need_beyond_the_rest": round(need, 4), "entry": by,
                           "prior": prior}
-    return {"base_margin": base, "base_set_by": {"entry": worst["id"], "need": round(worst["need"], 4),
-                                                  "entries_without_reasons": len(plain)},
+    for n in needs:
+        n["residual_bytes"] = int(n["measured"] - n["replayed"] * (1 + base + sum(widths[r] for r in n["reasons"])))
+    worst = max(needs, key=lambda n: n["residual_bytes"])
+    slack = max(0, -(-worst["residual_bytes"] // SLACK_STEP) * SLACK_STEP)
+    return {"base_margin": base, "base_slack_bytes": slack,
+            "slack_set_by": {"entry": worst["id"], "residual_bytes": worst["residual_bytes"]},
             "widths": widths, "widths_set_by": set_by, "fit_entries": len(fit_rows),
-            "needs": sorted(needs, key=lambda n: -n["need"])}
+            "needs": sorted(needs, key=lambda n: -n["residual_bytes"])}
 
 
 def main() -> None:
@@ -59,7 +60,7 @@ def main() -> None:
     parser.add_argument("--predictions", default=str(latest("estimate", "corpus_predictions_cpu")))
     parser.add_argument("--measurements", default=str(latest("estimate", "corpus_measurements_h200")))
     args = parser.parse_args()
-    from memfit.estimate.bound import WIDTHS
+    from memfit.estimate.bound import BASE_MARGIN, WIDTHS
 
     predictions, measurements = Path(args.predictions), Path(args.measurements)
     rows = join(predictions, measurements)
@@ -69,7 +70,7 @@ def main() -> None:
             est = json.loads(p.read_text())["estimate"]
             r["predicted_replay"] = est["fits_in_replay_bytes"]
             r["reasons"] = sorted(u["reason"] for u in est.get("uncertainty", []))
-    result = fit(rows, dict(WIDTHS))
+    result = fit(rows, BASE_MARGIN, dict(WIDTHS))
     meas = json.loads(next(measurements.glob("*.json")).read_text())
     result.update(predictions=str(predictions.relative_to(RESULTS.parent.parent)),
                   measurements=str(measurements.relative_to(RESULTS.parent.parent)), split="fit")

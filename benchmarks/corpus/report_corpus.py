@@ -30,7 +30,16 @@ def _err(pred: int | None, meas: int | None) -> float | None:
     return None if not pred or not meas else (pred - meas) / meas
 
 
-def join(predictions: Path, measurements: Path) -> list[dict[str, Any]]:
+def _rebound(est: dict[str, Any]) -> int:
+    """The upper bound of a prediction recomputed by the installed memfit from its replayed cap and its reasons:
+    the bound's constants can change without tracing the corpus again (the rest of the estimate does not move)."""
+    from memfit.estimate.bound import upper_bound
+
+    reasons = {u["reason"]: u.get("detail", "") for u in est.get("uncertainty") or []}
+    return max(upper_bound(est["fits_in_replay_bytes"], reasons)[0], est["fits_in_bytes"])
+
+
+def join(predictions: Path, measurements: Path, rebound: bool = False) -> list[dict[str, Any]]:
     sys.path.insert(0, str(HERE))
     import corpus
 
@@ -50,7 +59,7 @@ def join(predictions: Path, measurements: Path) -> list[dict[str, Any]]:
             row["error"] = (m or {}).get("error", "")
         else:
             est = p["estimate"]
-            upper = est.get("fits_in_upper_bytes")
+            upper = _rebound(est) if rebound else est.get("fits_in_upper_bytes")
             row.update(
                 status="ok",
                 predicted_allocated=est["peak_allocated_bytes"], measured_allocated=m["peak_allocated_bytes"],
@@ -150,9 +159,11 @@ def main() -> None:
     parser.add_argument("--measurements", default=str(latest("estimate", "corpus_measurements_")),
                         help="measure_corpus.py's output folder (default: the newest in results/estimate/)")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--rebound", action="store_true",
+                        help="recompute each upper bound with the installed memfit's constants (memfit.estimate.bound)")
     args = parser.parse_args()
 
-    rows = join(Path(args.predictions), Path(args.measurements))
+    rows = join(Path(args.predictions), Path(args.measurements), rebound=args.rebound)
     sample = next((json.loads(p.read_text()) for p in Path(args.measurements).glob("c*.json")
                    if not p.name.endswith(".partial.json")), {})
     corpus_meta = json.loads((HERE / "corpus.json").read_text())
