@@ -77,13 +77,13 @@ def test_patch_fix_is_the_largest_patch_on_the_ladder_that_fits_the_budget():
         patch_size=(384, 256), patch_multiple=(4, 4),
     )
     big = estimate(w)
-    budget = big.device_bytes - big.fits_in_bytes + int(big.fits_in_bytes * 0.7)
+    budget = big.device_upper_bytes - big.fits_in_upper_bytes + int(big.fits_in_upper_bytes * 0.7)
     fix = next(f for f in explain(w, budget_bytes=budget).fixes if f.knob == "patch")
     patch = tuple(fix.changes["patch_size"])
     ladder = patch_ladder((384, 256), (4, 4))
     assert fix.fits_budget and patch in ladder and patch != (384, 256)
-    # the next larger rung is predicted not to fit (with plan's margin): no needlessly small patch
-    assert estimate(w.replace(patch_size=ladder[ladder.index(patch) - 1])).device_bytes > budget * (1 - DEFAULT_MARGIN)
+    # the next larger rung is predicted not to fit (its upper bound, with plan's margin): no needlessly small patch
+    assert estimate(w.replace(patch_size=ladder[ladder.index(patch) - 1])).device_upper_bytes > budget * (1 - DEFAULT_MARGIN)
     # without a budget: the first rung with at most half the voxels
     half = next(f for f in explain(w).fixes if f.knob == "patch").changes["patch_size"]
     assert tuple(half) == next(p for p in ladder if p[0] * p[1] <= 384 * 256 / 2)
