@@ -5,30 +5,18 @@ import os
 import pytest
 import torch
 
-from conftest import small_plan
+from conftest import PLAN_EFFECTIVE, plan_unet, small_plan
 from memfit import BudgetTooSmallError, estimate
 from memfit.errors import UsageError
 from memfit.plan.patch import patch_ladder, plan_patch
 from memfit.plan.search import Plan, plan
-from memfit.workload.models import UNet
 from memfit.workload.spec import Workload
 
-EFFECTIVE = 8
+EFFECTIVE = PLAN_EFFECTIVE
 
 
 def unet(**changes) -> Workload:  # noqa: ANN003
-    w = Workload(
-        name="plan-unet",
-        model=lambda: UNet(dims=2, in_channels=3, classes=2, features=(8, 16, 32), norm="batch",
-                           deep_supervision=False),
-        batch=lambda n, patch: (torch.randn(n, 3, *patch), torch.randint(0, 2, (n, *patch))),
-        loss=lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]),
-        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
-        batch_size=EFFECTIVE,
-        patch_size=(192, 192),
-        patch_multiple=(4, 4),
-    )
-    return w.replace(**changes) if changes else w
+    return plan_unet(**changes)
 
 
 @pytest.fixture(scope="module")

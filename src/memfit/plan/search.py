@@ -351,7 +351,9 @@ class Search:
             if plain not in self.traces:
                 self.traces[plain] = trace_workload(w, self.gpu)
                 self.runs += 1
-            allocator = dataclasses.replace(self.allocator, expandable_segments=config.expandable_segments)
+            # a configuration asks for expandable segments; an allocator that has them already keeps them
+            allocator = dataclasses.replace(
+                self.allocator, expandable_segments=self.allocator.expandable_segments or config.expandable_segments)
             est = estimate(w, gpu=self.gpu, allocator=allocator, reuse_trace=self.traces[plain])
             self.estimates[config] = est
             self.context_bytes = est.device_bytes - est.fits_in_bytes
