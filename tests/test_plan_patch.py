@@ -15,7 +15,7 @@ from memfit import BudgetTooSmallError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import gpu_spec
 from memfit.plan.patch import patch_ladder, plan_patch
-from memfit.plan.search import DEFAULT_MARGIN, Config, Search, need_floor
+from memfit.plan.search import DEFAULT_MARGIN, Config, Search
 from memfit.workload.spec import Workload
 
 START, MULTIPLE, BATCH = (256, 224), (32, 32), 2
@@ -63,8 +63,7 @@ def test_the_plan_is_the_largest_rung_that_fits_and_no_larger_rung_fits(rungs, q
 def test_floors_along_the_ladder_stay_below_every_larger_rungs_need(rungs):  # noqa: ANN001
     ladder, needs, search = rungs
     for j, r in enumerate(ladder):
-        floor = need_floor(search, search.estimate(Config(micro_batch=BATCH, accumulation_steps=1,
-                                                          precision="fp32", patch_size=r)))
+        floor = search.need_floor(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32", patch_size=r))
         assert all(floor <= needs[i] for i in range(j))
 
 

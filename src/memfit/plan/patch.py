@@ -24,7 +24,6 @@ from memfit.plan.search import (
     Plan,
     Search,
     check_budget,
-    need_floor,
     verified,
 )
 from memfit.units import format_bytes
@@ -64,7 +63,7 @@ def plan_patch(
     """The largest input patch (on ``patch_ladder`` from ``workload.patch_size``) whose step fits the budget at
     a batch of at least ``min_batch``, as nnU-Net's planner picks it, but with the estimator instead of its proxy.
 
-    Each rung's verdict is an estimate of exactly it, or a floor from a smaller rung (``need_floor``: a rung inside
+    Each rung's verdict is an estimate of exactly it, or a floor from a smaller rung (``Search.need_floor``: a rung inside
     another needs no more). The line through two estimates (memory in voxels) only picks which rung to estimate
     next, so the chosen patch is the first from the top that fits, and every larger rung was estimated not to fit
     or lies above one whose floor is over the budget.
@@ -93,13 +92,13 @@ def plan_patch(
         return dataclasses.replace(base, patch_size=patch)
 
     # Each rung lies inside the one above it (no axis larger), so every tensor of its step is no larger: a rung
-    # whose need_floor is over the limit rules out every rung above it without estimating them. The answer is the
+    # whose floor (Search.need_floor) is over the limit rules out every rung above it without estimating them. The answer is the
     # first rung from the top that an exact estimate says fits, every rung above it an exact miss or ruled out so:
     # the largest patch on the ladder that fits, whatever the line through the estimates predicted.
     known: dict[int, Estimate] = {}
     chosen: Candidate | None = None
     while True:
-        out = max((k for k, e in known.items() if need_floor(search, e) > limit), default=-1)
+        out = max((k for k, e in known.items() if search.need_floor(at(ladder[k])) > limit), default=-1)
         first = next((k for k in range(out + 1, len(ladder))
                       if k not in known or known[k].device_upper_bytes <= limit), None)
         if first is None:
@@ -107,7 +106,7 @@ def plan_patch(
         if first in known:
             chosen = verified(search, at(ladder[first]))
             break
-        k = _probe_rung(ladder, first, limit, known, lambda e: need_floor(search, e))
+        k = _probe_rung(ladder, first, limit, known, lambda r: search.need_floor(at(r)))
         known[k] = search.estimate(at(ladder[k]))
     scored = [verified(search, at(ladder[k])) for k in sorted(known)]
     if chosen is None:
@@ -127,7 +126,7 @@ def plan_patch(
 
 
 def _probe_rung(ladder: list[tuple[int, ...]], first: int, limit: int, known: dict[int, Estimate],
-                floor: Callable[[Estimate], int]) -> int:
+                floor: Callable[[tuple[int, ...]], int]) -> int:
     """The rung to estimate next while ``first`` (the largest rung not ruled out) has no estimate: the smallest
     rung from ``first`` down to the largest known to fit that the line through two estimates (``floor`` in voxels)
     puts over the limit, so that one estimate can rule out all of them; ``first`` itself when the line says it
@@ -140,13 +139,12 @@ def _probe_rung(ladder: list[tuple[int, ...]], first: int, limit: int, known: di
         (top,) = known
         return min(range(first, upper), key=lambda k: abs(math.prod(ladder[k]) - math.prod(ladder[top]) / 4))
     # the two estimates nearest ``first`` (by voxels) give the line
-    near = sorted(known, key=lambda k: abs(math.prod(ladder[k]) - math.prod(ladder[first])))[:2]
-    (a, ea), (b, eb) = ((k, known[k]) for k in near)
+    a, b = sorted(known, key=lambda k: abs(math.prod(ladder[k]) - math.prod(ladder[first])))[:2]
     va, vb = math.prod(ladder[a]), math.prod(ladder[b])
-    per_voxel = (floor(ea) - floor(eb)) / (va - vb) if va != vb else 0.0
+    per_voxel = (floor(ladder[a]) - floor(ladder[b])) / (va - vb) if va != vb else 0.0
 
     def predicted(k: int) -> float:
-        return floor(ea) + per_voxel * (math.prod(ladder[k]) - va)
+        return floor(ladder[a]) + per_voxel * (math.prod(ladder[k]) - va)
 
     over = [k for k in range(first, upper) if predicted(k) > limit and k not in known]
     return max(over) if over else first

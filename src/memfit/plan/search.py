@@ -341,6 +341,7 @@ class Search:
         self.traces: dict[Config, Any] = {}
         self.runs = 0
         self._times: dict[tuple[Any, ...], float] = {}
+        self._floors: dict[int, int] = {}  # by id() of the trace, which self.traces keeps alive
         self.facts: ModelFacts | None = None
         """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
 
@@ -358,6 +359,32 @@ class Search:
             self.estimates[config] = est
             self.context_bytes = est.device_bytes - est.fits_in_bytes
         return self.estimates[config]
+
+    def need_floor(self, config: Config) -> int:
+        """A number no exact estimate of a configuration whose every tensor is at least as large as ``config``'s
+        can come in under, with or without expandable segments: the least ``device_upper_bytes`` such a
+        configuration can have. ``config`` must have been estimated.
+
+        Why it is safe: with the same op sequence, a larger micro-batch (or patch) makes every tensor at least as
+        large, so the bytes requested and alive after every allocation, and their peak, are at least ``config``'s.
+        The allocator gives each request a block at least as large, in either segment mode, and "fits" is decided
+        with the upper bound: the replayed cap (never below the allocated peak) widened by at least
+        ``memfit.estimate.bound.BASE_MARGIN``, plus a CUDA context of at least ``GpuSpec.context_bytes(False)``.
+        Optional allocations (a cuDNN workspace that may fail and fall back) are not counted. It assumes the traced
+        op sequence does not depend on the batch size (no branch on ``x.shape[0]``).
+        """
+        trace = self.traces[dataclasses.replace(config, expandable_segments=False)]
+        if id(trace) not in self._floors:
+            live, peak, sizes = 0, 0, {}
+            for op, key, nbytes in trace.events():
+                if op == 1:  # a required allocation (op 2 is optional, -1 a free)
+                    sizes[key] = nbytes
+                    live += nbytes
+                    peak = max(peak, live)
+                elif op < 0:
+                    live -= sizes.pop(key, 0)
+            self._floors[id(trace)] = int(peak * (1 + BASE_MARGIN)) + self.gpu.context_bytes(False)
+        return self._floors[id(trace)]
 
     def step_time(self, config: Config) -> float | None:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
@@ -646,27 +673,14 @@ def _candidate(search: Search, config: Config, fits_in: int, context: int, *, ve
     )
 
 
-def need_floor(search: Search, est: Estimate) -> int:
-    """A number no exact estimate of a larger configuration of the same structure can come in under: the least
-    ``device_upper_bytes`` of any configuration whose every tensor is at least as large as ``est``'s.
-
-    Why it is safe: with the same op sequence, a larger micro-batch (or patch) makes every tensor at least as
-    large, so the allocated bytes after every allocator event, and their peak, are at least ``est``'s. "Fits" is
-    decided with the upper bound, which is the replayed cap (never below the allocated peak) widened by at least
-    ``memfit.estimate.bound.BASE_MARGIN``, plus a CUDA context of at least ``GpuSpec.context_bytes(False)``. It
-    assumes the traced op sequence does not depend on the batch size (no branch on ``x.shape[0]``).
-    """
-    return int(est.peak_allocated_bytes * (1 + BASE_MARGIN)) + search.gpu.context_bytes(False)
-
-
 def _floor_of(search: Search, config: Config) -> int:
-    """The largest ``need_floor`` of an estimated configuration of the same structure with gradients alive in
+    """The largest ``Search.need_floor`` of an estimated configuration of the same structure with gradients alive in
     forward (accumulation) and a micro-batch no larger than ``config``'s; 0 when none. Only configurations with
     accumulation compare: without it, no gradients are alive in forward, so it can need less."""
     if config.accumulation_steps == 1:
         return 0
     key = _structure(config)
-    return max((need_floor(search, e) for c, e in search.estimates.items()
+    return max((search.need_floor(c) for c in search.estimates
                 if c.accumulation_steps > 1 and c.micro_batch <= config.micro_batch and _structure(c) == key),
                default=0)
 
@@ -717,8 +731,7 @@ def _walk(search: Search, configs: list[Config], models: dict[_Structure, _Memor
             if best.fits:
                 return best, notes
             out.add(c)
-            if not search.allocator.expandable_segments \
-                    and need_floor(search, search.estimates[c]) <= search.limit_bytes:
+            if not search.allocator.expandable_segments and search.need_floor(c) <= search.limit_bytes:
                 ex = verified(search, dataclasses.replace(c, expandable_segments=True))
                 if ex.fits:
                     notes.append(f"{c.label()} fits only with expandable segments (less fragmentation)")
