@@ -591,6 +591,8 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
         if other != smallest.config.optimizer_impl:
             found.append(verified(search, dataclasses.replace(smallest.config, optimizer_impl=other)))
     if not search.allocator.expandable_segments:
+        # each with expandable segments too: where fragmentation is the gap that fits, and where nothing does, the
+        # least of them is the need the error reports
         found += [verified(search, dataclasses.replace(c.config, expandable_segments=True))
                   for c in list(found) if not c.fits]
     fitting = [c for c in found if c.fits]
