@@ -181,6 +181,16 @@ def test_the_margin_keeps_out_a_configuration_that_needs_99_percent_of_the_budge
     assert dataclasses.replace(loose.chosen.config, expandable_segments=False) == fastest
 
 
+def test_the_plan_decides_with_a_need_above_fits_in_and_its_placement_margin(grid: Grid):
+    """The margins stack as DEFAULT_MARGIN's docstring says: the plan's limit keeps 2 % of the budget, on top of an
+    upper bound that is at least ``fits_in``, which is the replayed cap plus 1.5 % for segment placement."""
+    p = run_plan(budget_for(grid.need(grid.configs[0])))
+    est = grid.search.estimate(p.chosen.config)
+    assert p.chosen.fits_in_bytes == est.fits_in_upper_bytes >= est.fits_in_bytes
+    assert est.fits_in_bytes >= est.fits_in_replay_bytes * 1.015  # memfit.estimate.predict.FITS_IN_MARGIN
+    assert p.chosen.device_bytes <= p.budget_bytes * 0.98
+
+
 def test_fragmentation_keeps_the_fastest_out_and_expandable_segments_let_it_in(grid: Grid):
     fastest = min(grid.configs, key=grid.time)
     expandable = dataclasses.replace(fastest, expandable_segments=True)
