@@ -87,3 +87,27 @@ def small_plan():  # noqa: ANN201 - memfit.plan.search.Plan, imported here only 
                        samples_per_s=80.0, verified=True, fits=True)
     return Plan(workload="w", gpu="H100", budget_bytes=4 << 30, margin=0.02, effective_batch=8, chosen=chosen,
                 frontier=[chosen], considered=3, estimates=2, speed_model="roofline", notes=["n"])
+
+
+PLAN_EFFECTIVE = 8
+"""The planner tests' effective batch: 4 micro-batch sizes (1, 2, 4, 8)."""
+
+
+def plan_unet(**changes):  # noqa: ANN003, ANN201 - a memfit Workload, built here only when called
+    """A small 2-D U-Net whose blocks can be checkpointed and whose convolutions try channels_last: every knob of
+    the planner applies, and each estimate takes a fraction of a second."""
+    from memfit.workload.models import UNet
+    from memfit.workload.spec import Workload
+
+    w = Workload(
+        name="plan-unet",
+        model=lambda: UNet(dims=2, in_channels=3, classes=2, features=(8, 16, 32), norm="batch",
+                           deep_supervision=False),
+        batch=lambda n, patch: (torch.randn(n, 3, *patch), torch.randint(0, 2, (n, *patch))),
+        loss=lambda out, batch: torch.nn.functional.cross_entropy(out, batch[1]),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
+        batch_size=PLAN_EFFECTIVE,
+        patch_size=(192, 192),
+        patch_multiple=(4, 4),
+    )
+    return w.replace(**changes) if changes else w

@@ -326,8 +326,8 @@ def test_plan_finds_the_true_minimum_before_saying_nothing_fits() -> None:
     from memfit.plan.search import plan
 
     mlp = memfit.builtin_workload("mlp")
-    # micro-batch 256 x 1 with the fused optimizer needs 1.42 GiB; the memory lines (fitted with accumulation on)
-    # put it over 1.47 GiB, so only the exact check of the smallest configurations finds it
+    # micro-batch 256 x 1 with the fused optimizer fits 1.47 GiB; the memory lines (fitted with accumulation on)
+    # put it over, and only an exact estimate of it finds it
     p = plan(mlp, budget_bytes=int(1.47 * 2**30))
     c = p.chosen.config
     assert (c.micro_batch, c.accumulation_steps, c.optimizer_impl) == (256, 1, "fused") and p.chosen.verified

@@ -152,3 +152,41 @@ def test_compare_without_a_gpu_is_one_line_and_exit_2():
     assert "--compare" in out.stderr and "no CUDA GPU is visible" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert out.stdout == ""  # it stops before estimating: no half answer
+
+
+def test_plan_names_the_plan():
+    """The issue's case: 256 × 1 with the fused optimizer fits 1.47 GiB."""
+    out = run("plan", "mlp", "--budget", "1.47GiB")
+    assert out.returncode == 0, out.stderr
+    assert "micro-batch 256 × 1, fp32, fused optimizer" in out.stdout and "roofline" in out.stdout
+
+
+def test_plan_json_is_the_plan():
+    out = run("plan", "mlp", "--budget", "1.47GiB", "--effective-batch", "64", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["schema"] == 1 and data["workload"] == "mlp" and data["effective_batch"] == 64
+    chosen = data["chosen"]
+    assert chosen["verified"] and chosen["fits"] and chosen["device_bytes"] <= data["budget_bytes"] * 0.98
+    assert chosen["config"]["micro_batch"] * chosen["config"]["accumulation_steps"] == 64
+    assert data["frontier"] and all(f["config"]["micro_batch"] * f["config"]["accumulation_steps"] == 64
+                                    for f in data["frontier"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("plan", "mlp", "--budget", "1GiB"), "nothing fits 1.00 GiB"),
+        (("plan", "mlp", "--budget", "lots"), "cannot read the size 'lots'"),
+        (("plan", "mlp"), "Missing option '--budget'"),
+        (("plan", "mlp", "--budget", "2GiB", "--effective-batch", "0"), "--effective-batch must be a positive integer"),
+        (("plan", "mlp", "--budget", "2GiB", "--margin", "0.7"), "--margin must be between 0 and 0.5"),
+        (("plan", "mlp", "--budget", "2GiB", "--gpu", "tpu"), "unknown GPU 'tpu'"),
+        (("plan", "mlp", "--budget", "2GiB", "--patch"), "mlp has no patch_size"),
+    ],
+)
+def test_plan_impossible_budget_or_bad_input_is_one_line_and_exit_2(args, message):  # noqa: ANN001
+    out = run(*args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

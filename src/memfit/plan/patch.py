@@ -10,14 +10,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
+from memfit.estimate.predict import Estimate
 from memfit.plan.search import (
     DEFAULT_MARGIN,
-    MAX_VERIFY,
     Candidate,
     Config,
     Plan,
@@ -62,8 +63,10 @@ def plan_patch(
     """The largest input patch (on ``patch_ladder`` from ``workload.patch_size``) whose step fits the budget at
     a batch of at least ``min_batch``, as nnU-Net's planner picks it, but with the estimator instead of its proxy.
 
-    Memory is close to linear in the patch's voxels: two estimates give the line, the largest patch predicted to
-    fit is verified by an estimate of exactly it, and the next larger one too when the line says it is close.
+    Each rung's verdict is an estimate of exactly it, or a floor from a smaller rung (``Search.need_floor``: a rung inside
+    another needs no more). The line through two estimates (memory in voxels) only picks which rung to estimate
+    next, so the chosen patch is the first from the top that fits, and every larger rung was estimated not to fit
+    or lies above one whose floor is over the budget.
     """
     started = time.perf_counter()
     check_budget(budget_bytes, margin)
@@ -88,48 +91,24 @@ def plan_patch(
     def at(patch: tuple[int, ...]) -> Config:
         return dataclasses.replace(base, patch_size=patch)
 
-    def voxels(patch: tuple[int, ...]) -> int:
-        return math.prod(patch)
-
-    # memory falls along the ladder: interpolation search between the largest patch known not to fit and the
-    # smallest known to fit, on the line through them in voxels
-    need: dict[int, int] = {}
-
-    def evaluate(i: int) -> bool:
-        need[i] = search.estimate(at(ladder[i])).device_bytes
-        return need[i] <= limit
-
+    # Each rung lies inside the one above it (no axis larger), so every tensor of its step is no larger: a rung
+    # whose floor (Search.need_floor) is over the limit rules out every rung above it without estimating them. The answer is the
+    # first rung from the top that an exact estimate says fits, every rung above it an exact miss or ruled out so:
+    # the largest patch on the ladder that fits, whatever the line through the estimates predicted.
+    known: dict[int, Estimate] = {}
     chosen: Candidate | None = None
-    if evaluate(0):
-        chosen = verified(search, at(ladder[0]))
-    else:
-        quarter = min(range(len(ladder)), key=lambda i: abs(voxels(ladder[i]) - voxels(ladder[0]) / 4))
-        evaluate(quarter)
-        for _ in range(MAX_VERIFY):
-            fits = [i for i in need if need[i] <= limit]
-            fit = min(fits) if fits else None
-            miss = max(i for i in need if need[i] > limit and (fit is None or i < fit))
-            if fit is not None and fit - miss == 1:
-                break
-            a, b = (miss, fit) if fit is not None else sorted(need)[-2:]
-            per_voxel = (need[a] - need[b]) / max(voxels(ladder[a]) - voxels(ladder[b]), 1)
-            target = voxels(ladder[b]) + (limit - need[b]) / per_voxel if per_voxel > 0 else 0
-            upper = fit if fit is not None else len(ladder)
-            inside = [i for i in range(miss + 1, upper) if voxels(ladder[i]) <= target]
-            if not inside:
-                inside = [min(miss + 1, len(ladder) - 1)] if fit is None else [fit - 1]
-            nxt = inside[0]
-            if fit is not None and len(need) > 3:
-                # memory rises in allocator-sized steps, so the line creeps towards the end of the bracket that
-                # fits: once the line has had its try, halve the bracket instead
-                nxt = (miss + fit) // 2
-            if nxt in need:
-                break
-            evaluate(nxt)
-        fits = [i for i in need if need[i] <= limit]
-        if fits:
-            chosen = verified(search, at(ladder[min(fits)]))
-    scored = [verified(search, at(ladder[i])) for i in sorted(need)]
+    while True:
+        out = max((k for k, e in known.items() if search.need_floor(at(ladder[k])) > limit), default=-1)
+        first = next((k for k in range(out + 1, len(ladder))
+                      if k not in known or known[k].device_upper_bytes <= limit), None)
+        if first is None:
+            break
+        if first in known:
+            chosen = verified(search, at(ladder[first]))
+            break
+        k = _probe_rung(ladder, first, limit, known, lambda r: search.need_floor(at(r)))
+        known[k] = search.estimate(at(ladder[k]))
+    scored = [verified(search, at(ladder[k])) for k in sorted(known)]
     if chosen is None:
         smallest = min(search.estimates.values(), key=lambda e: e.device_bytes)
         raise BudgetTooSmallError(
@@ -144,3 +123,28 @@ def plan_patch(
                f"{batch}"],
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def _probe_rung(ladder: list[tuple[int, ...]], first: int, limit: int, known: dict[int, Estimate],
+                floor: Callable[[tuple[int, ...]], int]) -> int:
+    """The rung to estimate next while ``first`` (the largest rung not ruled out) has no estimate: the smallest
+    rung from ``first`` down to the largest known to fit that the line through two estimates (``floor`` in voxels)
+    puts over the limit, so that one estimate can rule out all of them; ``first`` itself when the line says it
+    fits. With no estimate yet, ``first``; with one, the rung nearest a quarter of its voxels (activations,
+    most of a segmentation network's memory, scale with the voxels)."""
+    if not known:
+        return first
+    upper = min((k for k, e in known.items() if k > first and e.device_upper_bytes <= limit), default=len(ladder))
+    if len(known) == 1:
+        (top,) = known
+        return min(range(first, upper), key=lambda k: abs(math.prod(ladder[k]) - math.prod(ladder[top]) / 4))
+    # the two estimates nearest ``first`` (by voxels) give the line
+    a, b = sorted(known, key=lambda k: abs(math.prod(ladder[k]) - math.prod(ladder[first])))[:2]
+    va, vb = math.prod(ladder[a]), math.prod(ladder[b])
+    per_voxel = (floor(ladder[a]) - floor(ladder[b])) / (va - vb) if va != vb else 0.0
+
+    def predicted(k: int) -> float:
+        return floor(ladder[a]) + per_voxel * (math.prod(ladder[k]) - va)
+
+    over = [k for k in range(first, upper) if predicted(k) > limit and k not in known]
+    return max(over) if over else first

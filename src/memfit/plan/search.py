@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from memfit._io import check_output_path, write_atomic
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
+from memfit.estimate.bound import BASE_MARGIN
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
@@ -339,6 +340,8 @@ class Search:
         self.context_bytes = gpu.cuda_context_bytes  # until an estimate says whether the step calls cuBLAS
         self.traces: dict[Config, Any] = {}
         self.runs = 0
+        self._times: dict[tuple[Any, ...], float] = {}
+        self._floors: dict[int, int] = {}  # by id() of the trace, which self.traces keeps alive
         self.facts: ModelFacts | None = None
         """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
 
@@ -349,23 +352,79 @@ class Search:
             if plain not in self.traces:
                 self.traces[plain] = trace_workload(w, self.gpu)
                 self.runs += 1
-            allocator = dataclasses.replace(self.allocator, expandable_segments=config.expandable_segments)
+            # a configuration asks for expandable segments; an allocator that has them already keeps them
+            allocator = dataclasses.replace(
+                self.allocator, expandable_segments=self.allocator.expandable_segments or config.expandable_segments)
             est = estimate(w, gpu=self.gpu, allocator=allocator, reuse_trace=self.traces[plain])
             self.estimates[config] = est
             self.context_bytes = est.device_bytes - est.fits_in_bytes
         return self.estimates[config]
 
+    def need_floor(self, config: Config) -> int:
+        """A number no exact estimate of a configuration whose every tensor is at least as large as ``config``'s
+        can come in under, with or without expandable segments: the least ``device_upper_bytes`` such a
+        configuration can have. ``config`` must have been estimated.
+
+        Why it is safe: with the same op sequence, a larger micro-batch (or patch) makes every tensor at least as
+        large, so the bytes requested and alive after every allocation, and their peak, are at least ``config``'s.
+        The allocator gives each request a block at least as large, in either segment mode, and "fits" is decided
+        with the upper bound: the replayed cap (never below the allocated peak) widened by at least
+        ``memfit.estimate.bound.BASE_MARGIN``, plus a CUDA context of at least ``GpuSpec.context_bytes(False)``.
+        Optional allocations (a cuDNN workspace that may fail and fall back) are not counted. It assumes the traced
+        op sequence does not depend on the batch size (no branch on ``x.shape[0]``).
+        """
+        trace = self.traces[dataclasses.replace(config, expandable_segments=False)]
+        if id(trace) not in self._floors:
+            live, peak, sizes = 0, 0, {}
+            for op, key, nbytes in trace.events():
+                if op == 1:  # a required allocation (op 2 is optional, -1 a free)
+                    sizes[key] = nbytes
+                    live += nbytes
+                    peak = max(peak, live)
+                elif op < 0:
+                    live -= sizes.pop(key, 0)
+            self._floors[id(trace)] = int(peak * (1 + BASE_MARGIN)) + self.gpu.context_bytes(False)
+        return self._floors[id(trace)]
+
     def step_time(self, config: Config) -> float | None:
-        """Predicted optimizer-step time of ``config``: the speed model on the op costs of the same structure,
-        interpolated op by op between the two estimated micro-batch sizes around it."""
+        """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
+        configuration that does no more work. Those are the same configuration with a micro-batch at least as large
+        (the same samples in fewer micro-batches: the same FLOPs with fewer kernel launches, dispatches and weight
+        reads) or with a subset of its checkpointed blocks (less recompute). Each such prediction comes from its own
+        traces (``raw_step_time``), and traces of two structures differ in ways the roofline prices without
+        physics (a checkpointed block's first forward runs without autograd recording, so the roofline can price
+        it below the plain forward); the largest of them is the prediction. Precision, the optimizer's
+        implementation and the memory format are different computations, so they are never compared: a fused
+        optimizer may well be faster. None when no estimate of ``config``'s structure has a cost yet.
+        """
+        own = self.raw_step_time(config)
+        if own is None:
+            return None
+        (key, patch), eff = _structure(config), config.effective_batch
+        fewer = {c.checkpoint for c in self.estimates
+                 if set(c.checkpoint) <= set(config.checkpoint)
+                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint)) == (key, patch)}
+        others = (self.raw_step_time(dataclasses.replace(config, checkpoint=blocks, micro_batch=m,
+                                                         accumulation_steps=eff // m))
+                  for blocks in fewer for m in divisors(eff) if m >= config.micro_batch)
+        return max([own, *(t for t in others if t is not None)])
+
+    def raw_step_time(self, config: Config) -> float | None:
+        """The speed model (``predict_step_time``) on the op costs of ``config``'s structure, interpolated op by
+        op between the two estimated micro-batch sizes around it; None when no estimate of it has a cost."""
         key = _structure(config)
-        same = sorted((c.micro_batch, e.cost) for c, e in self.estimates.items()
-                      if _structure(c) == key and not c.expandable_segments and e.cost is not None)
+        same = sorted(((c.micro_batch, e.cost) for c, e in self.estimates.items()
+                       if _structure(c) == key and not c.expandable_segments and e.cost is not None),
+                      key=lambda mc: mc[0])
         if not same:
             return None
-        cost = _cost_at(same, config.micro_batch)
-        return predict_step_time(cost, self.gpu, accumulation=config.accumulation_steps,
-                                 calibration=self.calibration).step_time_s
+        # the walk re-ranks every candidate after each estimate: the roofline runs once per (config, costs known)
+        memo = (config.micro_batch, config.accumulation_steps, key, tuple(m for m, _ in same))
+        if memo not in self._times:
+            cost = _cost_at(same, config.micro_batch)
+            self._times[memo] = predict_step_time(cost, self.gpu, accumulation=config.accumulation_steps,
+                                                  calibration=self.calibration).step_time_s
+        return self._times[memo]
 
 
 def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
@@ -464,14 +523,12 @@ def plan(
     workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
     search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
     structures, models = _memory_models(search)
-    micros = divisors(eff)
-    scored = [
-        _score(search, models[s], s.config(m, eff)) for s in structures for m in micros
-    ]
-    chosen, notes = _verify_best(search, scored)
+    configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
+    chosen, notes = _walk(search, configs, models)
+    scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)]
     if chosen is None:
-        # the memory lines are fitted with accumulation on and can miss the smallest configuration (no
-        # accumulation keeps the gradients out of forward): estimate the smallest of each kind exactly
+        # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
+        # implementation and with every block checkpointed, before saying nothing fits
         chosen, smallest = _smallest_exactly(search, structures)
         if chosen is None:
             raise BudgetTooSmallError(
@@ -534,6 +591,8 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
         if other != smallest.config.optimizer_impl:
             found.append(verified(search, dataclasses.replace(smallest.config, optimizer_impl=other)))
     if not search.allocator.expandable_segments:
+        # each with expandable segments too: where fragmentation is the gap that fits, and where nothing does, the
+        # least of them is the need the error reports
         found += [verified(search, dataclasses.replace(c.config, expandable_segments=True))
                   for c in list(found) if not c.fits]
     fitting = [c for c in found if c.fits]
@@ -595,17 +654,19 @@ def _score(search: Search, model: _MemoryModel, config: Config) -> Candidate:
     """The candidate with the memory line's prediction, or the estimate's where this exact config has one."""
     est = search.estimates.get(config)
     if est is not None:
-        return _candidate(search, config, est.fits_in_upper_bytes, verified=True)
-    return _candidate(search, config, model.fits_in(config.micro_batch), verified=False)
+        return verified(search, config)
+    return _candidate(search, config, model.fits_in(config.micro_batch), search.context_bytes, verified=False)
 
 
 def verified(search: Search, config: Config) -> Candidate:
     """The candidate from an estimate of exactly ``config`` (run now if it was not yet)."""
-    return _candidate(search, config, search.estimate(config).fits_in_upper_bytes, verified=True)
+    est = search.estimate(config)
+    return _candidate(search, config, est.fits_in_upper_bytes, est.device_upper_bytes - est.fits_in_upper_bytes,
+                      verified=True)
 
 
-def _candidate(search: Search, config: Config, fits_in: int, *, verified: bool) -> Candidate:
-    device = fits_in + search.context_bytes
+def _candidate(search: Search, config: Config, fits_in: int, context: int, *, verified: bool) -> Candidate:
+    device = fits_in + context
     t = search.step_time(config)
     return Candidate(
         config=config, device_bytes=device, fits_in_bytes=fits_in, step_time_s=t,
@@ -614,35 +675,74 @@ def _candidate(search: Search, config: Config, fits_in: int, *, verified: bool) 
     )
 
 
-MAX_VERIFY = 8
-_NEAR_MISS = 0.05  # candidates predicted within 5 % over the limit are worth one verifying estimate
+def _floor_of(search: Search, config: Config) -> int:
+    """The largest ``Search.need_floor`` of an estimated configuration of the same structure with gradients alive in
+    forward (accumulation) and a micro-batch no larger than ``config``'s; 0 when none. Only configurations with
+    accumulation compare: without it, no gradients are alive in forward, so it can need less."""
+    if config.accumulation_steps == 1:
+        return 0
+    key = _structure(config)
+    return max((search.need_floor(c) for c in search.estimates
+                if c.accumulation_steps > 1 and c.micro_batch <= config.micro_batch and _structure(c) == key),
+               default=0)
 
 
-def _verify_best(search: Search, scored: list[Candidate]) -> tuple[Candidate | None, list[str]]:
-    """Walk the candidates from the fastest, verifying each by an estimate of exactly it, until one fits.
+def _probe(search: Search, model: _MemoryModel, config: Config) -> Config:
+    """What to estimate to settle ``config``: the smallest micro-batch of its structure above every one known to
+    fit that the memory line puts over the limit, when that is below ``config``'s. If it misses, its floor rules
+    out ``config`` and everything larger in one estimate; if it fits, the line was wrong there and the next probe
+    is larger. Without accumulation (no floor to use), or when the line says ``config`` fits: ``config`` itself."""
+    if config.accumulation_steps == 1:
+        return config
+    key = _structure(config)
+    same = {c.micro_batch: search.estimates[c] for c in search.estimates
+            if _structure(c) == key and c.accumulation_steps > 1 and not c.expandable_segments}
+    fit = max((m for m, e in same.items() if e.device_upper_bytes <= search.limit_bytes), default=0)
+    eff = search.effective
+    for m in divisors(eff):
+        if fit < m <= config.micro_batch and m != eff and m not in same \
+                and model.fits_in(m) + search.context_bytes > search.limit_bytes:
+            return dataclasses.replace(config, micro_batch=m, accumulation_steps=eff // m)
+    return config
 
-    Candidates the line puts just over the limit are verified too (the line is an upper bound for the
-    checkpointed structures), and each miss is retried with expandable segments when fragmentation is the gap.
+
+def _speed_key(c: Candidate) -> tuple[float, int]:
+    return (c.step_time_s if c.step_time_s is not None else float("inf"), c.device_bytes)
+
+
+def _walk(search: Search, configs: list[Config], models: dict[_Structure, _MemoryModel]
+          ) -> tuple[Candidate | None, list[str]]:
+    """The fastest configuration that fits, by an estimate of exactly it.
+
+    Candidates are taken from the fastest (the speed model on the costs known so far). The fastest left is
+    estimated exactly, or ruled out by ``need_floor`` of a smaller configuration of its structure, or settled by a
+    probe the memory line picks (``_probe``); the walk stops when the fastest left is an exact estimate that fits.
+    So nothing predicted faster than the plan was ruled out by the line: the line only chooses what to estimate
+    first. A miss whose allocated bytes would fit is retried with expandable segments (fragmentation is the gap).
+    None when every configuration was estimated or ruled out, the smallest of each structure estimated.
     """
     notes: list[str] = []
-    near = search.limit_bytes * (1 + _NEAR_MISS)
-    pool = sorted(
-        (c for c in scored if c.device_bytes <= near),
-        key=lambda c: (c.step_time_s if c.step_time_s is not None else float("inf"), c.device_bytes),
-    )
-    for checked, c in enumerate(pool):
-        if checked >= MAX_VERIFY:
-            notes.append(f"stopped after verifying {MAX_VERIFY} candidates")
-            break
-        v = verified(search, c.config)
-        if v.fits:
-            return v, notes
-        if not search.allocator.expandable_segments:
-            ex = verified(search, dataclasses.replace(c.config, expandable_segments=True))
-            if ex.fits:
-                notes.append(f"{c.config.label()} fits only with expandable segments (less fragmentation)")
-                return ex, notes
-    return None, notes
+    out: set[Config] = set()
+    while True:
+        pending = [_score(search, models[_structure(c)[0]], c) for c in configs if c not in out]
+        if not pending:
+            return None, notes
+        best = min(pending, key=_speed_key)
+        c = best.config
+        if best.verified:
+            if best.fits:
+                return best, notes
+            out.add(c)
+            if not search.allocator.expandable_segments and search.need_floor(c) <= search.limit_bytes:
+                ex = verified(search, dataclasses.replace(c, expandable_segments=True))
+                if ex.fits:
+                    notes.append(f"{c.label()} fits only with expandable segments (less fragmentation)")
+                    return ex, notes
+            continue
+        if _floor_of(search, c) > search.limit_bytes:
+            out.add(c)
+            continue
+        search.estimate(_probe(search, models[_structure(c)[0]], c))
 
 
 def _frontier(candidates: list[Candidate]) -> list[Candidate]:

@@ -1,0 +1,268 @@
+"""memfit's plan against an exhaustive sweep that includes partial checkpointing, timed interleaved on one GPU.
+
+For each workload and budget, every configuration of micro-batch (each divisor of the effective batch) ×
+checkpointed blocks (none, a quarter, the planner's half set, three quarters, all; heaviest blocks first, as the
+planner ranks them) × optimizer implementation (fused; the default too with no, the planner's and full
+checkpointing) × memory format (channels_last too for conv nets) runs its steady state on the GPU: the peak memory of the protocol (the loss-only loop ``TrainStep`` runs),
+then "does it run under the cap" for each budget (allocator cap = budget - the CUDA context memfit assumes, set
+with ``torch.cuda.set_per_process_memory_fraction``), then one timing (median micro-batch and optimizer step:
+step = accumulation × micro-batch + optimizer). Per budget, the plan's pick and the sweep's fastest fitting
+configurations are then built together and timed in interleaved rounds, which cancels the host's drift:
+``ratio`` = the best step time ÷ the plan's (the plan's throughput as a share of the best; 1.0 when the plan is
+the best). A plan with expandable segments is checked under its cap in a fresh process with them on, and timed
+without them (the segment mode changes no kernel).
+
+    python benchmarks/plan/sweep_device.py plan --out benchmarks/results/plan/plan_sweep_predictions_cpu_<date>
+    python benchmarks/plan/sweep_device.py sweep --plans <that folder> --out $OUT        # on the GPU (H100)
+
+The ``plan`` stage runs on the CPU for ``--gpu`` (default h100); ``sweep`` plans again on the device's CPU when
+``--plans`` is missing or was made for another GPU. It writes ``plan_sweep_<workload>.json`` per
+workload into ``--out`` (commit as ``benchmarks/results/plan/plan_sweep_<card>_torch<X.Y>_<yyyymmdd>/``). Sized to
+finish in about 5 GPU-minutes for both default workloads; ``--deadline-s`` stops a sweep early and keeps what it
+measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from plan_quality import _clean, _cuda_time, _micro_and_opt, memory_config, time_config  # noqa: E402
+
+# name: (built-in workload, its changes, effective batch, budgets in GiB of device memory)
+WORKLOADS = {
+    # the issue's GPT-2 budgets (H200, effective batch 32 × 1024 tokens) and a loose one
+    "gpt2": ("gpt2", {}, 32, (5.5, 9.0, 16.0, 24.0)),
+    # the 2-D U-Net at 512² tiles: each step a fraction of a second, so the sweep stays short
+    "unet2d": ("unet2d", {"patch_size": (512, 512)}, 8, (3.0, 5.0, 8.0, 14.0)),
+}
+IMPLS = ("fused", "default")
+ROUNDS = 8
+
+
+def _workload(name: str):  # noqa: ANN202
+    from memfit.workload.zoo import builtin_workload
+
+    builtin, changes, _, _ = WORKLOADS[name]
+    return builtin_workload(builtin).replace(keep_output=False, **changes)
+
+
+def _config_dict(c) -> dict:  # noqa: ANN001 - a memfit.plan.search.Config
+    return {"batch_size": c.micro_batch, "accumulation_steps": c.accumulation_steps,
+            "checkpoint": list(c.checkpoint), "optimizer_impl": c.optimizer_impl, "channels_last": c.channels_last}
+
+
+def _key(config: dict) -> str:
+    return json.dumps({k: config[k] for k in ("batch_size", "accumulation_steps", "checkpoint", "optimizer_impl",
+                                              "channels_last")}, sort_keys=True)
+
+
+def grid(name: str, gpu) -> dict:  # noqa: ANN001
+    """The sweep's configurations (largest micro-batch first: a deadline cuts the slowest) and the planner's
+    checkpointing choices, from one estimate (CPU)."""
+    from memfit.estimate.predict import estimate
+    from memfit.plan.search import divisors
+    from memfit.workload.knobs import activations_by_block, checkpoint_choices, model_facts
+
+    w = _workload(name)
+    eff = WORKLOADS[name][2]
+    facts = model_facts(w)
+    mid = max(d for d in divisors(eff) if d <= max(1, eff // 2))
+    est = estimate(w.replace(batch_size=mid, accumulation_steps=eff // mid), gpu=gpu)
+    held = activations_by_block(est.activations_by_module)
+    ranked = sorted((b for b in facts.blocks if held.get(b, 0) > 0), key=lambda b: -held[b])
+    planner = checkpoint_choices(est.activations_by_module, facts.blocks)
+    sets = {()} | {tuple(b for b in facts.blocks if b in ranked[:k])
+                   for k in (math.ceil(len(ranked) * f) for f in (0.25, 0.75, 1.0))} | set(planner)
+    impls = [i for i in IMPLS if i == "default" or i in facts.optimizer_impls]
+    formats = [False, True] if facts.has_conv else [False]
+    # the default (non-fused) optimizer with the planner's own checkpointing choices only: it needs more memory
+    # and launches more kernels than fused, so the partial sets add nothing with it but GPU-minutes
+    configs = [{"batch_size": m, "accumulation_steps": eff // m, "checkpoint": list(s), "optimizer_impl": impl,
+                "channels_last": cl}
+               for m in sorted(divisors(eff), reverse=True) for s in sorted(sets, key=len) for impl in impls
+               for cl in formats if impl == impls[0] or s == () or s in planner]
+    return {"configs": configs, "planner_sets": [list(s) for s in planner], "blocks": list(facts.blocks)}
+
+
+def make_plans(name: str, gpu) -> dict:  # noqa: ANN001
+    from memfit.plan.search import plan
+
+    w = _workload(name)
+    _, _, eff, budgets = WORKLOADS[name]
+    plans = []
+    for gib in budgets:
+        started = time.perf_counter()
+        try:
+            p = plan(w, budget_bytes=int(gib * 2**30), effective_batch=eff, gpu=gpu)
+            plans.append({"budget_bytes": p.budget_bytes, "plan": p.to_dict(), "planning_s": time.perf_counter() - started,
+                          "context_bytes": p.chosen.device_bytes - p.chosen.fits_in_bytes})
+        except Exception as exc:  # a budget nothing fits: the sweep says whether anything runs
+            plans.append({"budget_bytes": int(gib * 2**30), "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print(f"{name} {gib} GiB: {plans[-1].get('plan', {}).get('chosen', {}).get('config') or plans[-1]['error']}",
+              flush=True)
+    return {"workload": name, "effective_batch": eff, "gpu": gpu.name, "plans": plans, **grid(name, gpu)}
+
+
+def plan_stage(args: argparse.Namespace) -> None:
+    from memfit.estimate.gpus import gpu_spec
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.workloads.split(","):
+        (out / f"{name}.json").write_text(json.dumps(make_plans(name, gpu_spec(args.gpu)), indent=1))
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+
+def _fits(w, config: dict, memory: dict, cap: int) -> bool:  # noqa: ANN001
+    if not memory["ok"]:
+        return False
+    if memory["peak_reserved_bytes"] <= cap:
+        return True  # it never asked for more than the cap
+    if memory["peak_allocated_bytes"] > cap:
+        return False  # live tensors alone exceed it
+    _clean()
+    return bool(memory_config(w, config, cap)["ok"])
+
+
+def _interleaved(w, configs: list[dict], rounds: int) -> list[float]:  # noqa: ANN001
+    """Step seconds of each configuration, all built at once, one micro-batch each per round, rotated."""
+    built = [_micro_and_opt(w, c) for c in configs]
+    opt_s = [_cuda_time(opt, 5) for _, _, opt in built]
+    micro: list[list[float]] = [[] for _ in configs]
+    for r in range(rounds):
+        for i in [(r + k) % len(built) for k in range(len(built))]:
+            micro[i].append(_cuda_time(built[i][1], 1))
+    steps = [cw.accumulation_steps * statistics.median(m) + o for (cw, _, _), m, o in zip(built, micro, opt_s,
+                                                                                       strict=True)]
+    del built
+    _clean()
+    return steps
+
+
+def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
+    import torch
+
+    from memfit.estimate.measure import run_trial
+
+    w = _workload(name)
+    started = time.perf_counter()
+    contexts = [p.get("context_bytes") for p in pred["plans"]]
+    context = next((c for c in contexts if c), 768 << 20)
+    caps = [p["budget_bytes"] - (p.get("context_bytes") or context) for p in pred["plans"]]
+    rows: dict[str, dict] = {}
+    for config in pred["configs"]:
+        if time.perf_counter() - started > args.deadline_s:
+            print(f"{name}: deadline reached after {len(rows)} of {len(pred['configs'])} configurations", flush=True)
+            break
+        row: dict = {"config": config}
+        try:
+            _clean()
+            row["memory"] = memory_config(w, config)
+            row["fits"] = [_fits(w, config, row["memory"], cap) for cap in caps]
+            _clean()
+            row["time"] = time_config(w, config) if any(row["fits"]) else None
+        except Exception as exc:  # one bad configuration must not stop the sweep
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            row.setdefault("fits", [False] * len(caps))
+        rows[_key(config)] = row
+        t = row.get("time") or {}
+        print(f"{name} {config['batch_size']}x{config['accumulation_steps']} ckpt={len(config['checkpoint'])} "
+              f"{config['optimizer_impl']} cl={config['channels_last']}: step {t.get('step_s', 0) * 1e3:.1f} ms, "
+              f"fits {row['fits']}", flush=True)
+    budgets = []
+    for i, entry in enumerate(pred["plans"]):
+        fitting = sorted((r for r in rows.values() if r["fits"][i] and r.get("time")),
+                         key=lambda r: r["time"]["step_s"])
+        result: dict = {"budget_bytes": entry["budget_bytes"], "cap_bytes": caps[i],
+                        "sweep_fitting": len(fitting),
+                        "sweep_best": fitting[0]["config"] if fitting else None}
+        if "plan" not in entry:
+            result["plan_error"] = entry["error"]
+            budgets.append(result)
+            continue
+        chosen = entry["plan"]["chosen"]
+        pick = {k: v for k, v in chosen["config"].items() if k != "expandable_segments" and k != "patch_size"}
+        pick = {"batch_size": pick["micro_batch"], "accumulation_steps": pick["accumulation_steps"],
+                "checkpoint": pick["checkpoint"], "optimizer_impl": pick["optimizer_impl"],
+                "channels_last": pick["channels_last"]}
+        expandable = chosen["config"]["expandable_segments"]
+        _clean()
+        if expandable:  # the segment mode is fixed when CUDA starts: a fresh process with it on
+            builtin, changes, _, _ = WORKLOADS[name]
+            trial = run_trial(builtin, cap_bytes=caps[i], allocator_conf="expandable_segments:True",
+                              changes={**changes, "keep_output": False, **pick,
+                                       "checkpoint": tuple(pick["checkpoint"])})
+            runs = trial.ok
+        else:
+            runs = _fits(w, pick, memory_config(w, pick), caps[i])
+        finalists = [pick] + [r["config"] for r in fitting if _key(r["config"]) != _key(pick)][:args.top]
+        steps = _interleaved(w, finalists, args.rounds)
+        best = min(range(len(steps)), key=steps.__getitem__)
+        result.update({
+            "plan": pick, "plan_expandable_segments": expandable, "plan_runs_under_cap": runs,
+            "plan_predicted_step_s": chosen["step_time_s"], "plan_predicted_device_bytes": chosen["device_bytes"],
+            "finalists": [{"config": c, "step_s": s} for c, s in zip(finalists, steps, strict=True)],
+            "best": finalists[best], "ratio": steps[best] / steps[0],
+        })
+        print(f"{name} {entry['budget_bytes'] / 2**30:.2f} GiB: plan runs={runs}, best/plan step ratio "
+              f"{result['ratio']:.3f} (plan {steps[0] * 1e3:.1f} ms, best {steps[best] * 1e3:.1f} ms)", flush=True)
+        budgets.append(result)
+    return {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "date": dt.date.today().isoformat(), "effective_batch": pred["effective_batch"], "caps": caps,
+            "context_bytes": context, "rows": list(rows.values()), "budgets": budgets,
+            "sweep_s": time.perf_counter() - started}
+
+
+def sweep_stage(args: argparse.Namespace) -> None:
+    import torch
+
+    from memfit.estimate.gpus import detect_gpu
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.cuda.init()
+    for name in args.workloads.split(","):
+        gpu = detect_gpu()
+        pred = json.loads((Path(args.plans) / f"{name}.json").read_text()) if args.plans else None
+        if pred is None or gpu is None or pred["gpu"] != gpu.name:
+            # the plans' roofline and CUDA context belong to their GPU: plan again for this one
+            print(f"{name}: planning for {gpu.name if gpu else 'this GPU'} here", flush=True)
+            pred = make_plans(name, gpu)
+        result = sweep_workload(name, pred, args)
+        (out / f"plan_sweep_{name}.json").write_text(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="stage", required=True)
+    p = sub.add_parser("plan", help="plans and the sweep's grid, on the CPU")
+    p.add_argument("--out", required=True)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--gpu", default="h100", help="the GPU the sweep will run on (h100, h200)")
+    p.set_defaults(func=plan_stage)
+    s = sub.add_parser("sweep", help="the sweep and the interleaved timings, on the GPU")
+    s.add_argument("--out", required=True)
+    s.add_argument("--plans", default=None, help="the plan stage's folder; default: plan here first")
+    s.add_argument("--workloads", default=",".join(WORKLOADS))
+    s.add_argument("--rounds", type=int, default=ROUNDS)
+    s.add_argument("--top", type=int, default=3, help="the sweep's fastest fitting configurations timed with the plan")
+    s.add_argument("--deadline-s", type=float, default=150.0, help="per workload: stop sweeping after this long")
+    s.set_defaults(func=sweep_stage)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""``plan_patch``: the largest patch on the ladder whose exact estimate fits, hand-worked on CPU.
+
+Every rung of a short ladder (the small U-Net from 256 × 224 in steps of 32) is estimated exactly once: at each
+budget the plan must be the first rung from the top that fits, and every rung with more voxels must not fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import plan_unet
+from memfit import BudgetTooSmallError
+from memfit.estimate.allocator import AllocatorConfig
+from memfit.estimate.gpus import gpu_spec
+from memfit.plan.patch import patch_ladder, plan_patch
+from memfit.plan.search import DEFAULT_MARGIN, Config, Search
+from memfit.workload.spec import Workload
+
+START, MULTIPLE, BATCH = (256, 224), (32, 32), 2
+ALLOCATOR = AllocatorConfig()
+
+
+def workload() -> Workload:
+    return plan_unet(batch_size=BATCH, patch_size=START, patch_multiple=MULTIPLE)
+
+
+@pytest.fixture(scope="module")
+def rungs() -> tuple[list[tuple[int, ...]], list[int], Search]:
+    """The ladder and the exact need (device_upper_bytes, the number "fits" is decided with) of every rung."""
+    ladder = patch_ladder(START, MULTIPLE)
+    search = Search(workload(), gpu_spec(None), ALLOCATOR, 1 << 62, BATCH, None, False)
+    needs = [search.estimate(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32",
+                                    patch_size=r)).device_upper_bytes for r in ladder]
+    return ladder, needs, search
+
+
+def test_the_ladder_shrinks_every_rung_inside_the_one_above():
+    ladder = patch_ladder(START, MULTIPLE)
+    assert ladder[0] == START and ladder[-1] == MULTIPLE
+    for above, below in zip(ladder, ladder[1:], strict=False):
+        assert all(b <= a for a, b in zip(above, below, strict=True)) and below != above
+        assert math.prod(below) < math.prod(above)  # so "more voxels" is "higher on the ladder"
+
+
+@pytest.mark.parametrize("quantile", [0.1, 0.35, 0.6, 0.9])
+def test_the_plan_is_the_largest_rung_that_fits_and_no_larger_rung_fits(rungs, quantile: float):  # noqa: ANN001
+    ladder, needs, _ = rungs
+    limit = sorted(needs)[round(quantile * (len(needs) - 1))]
+    budget = math.ceil(limit / (1 - DEFAULT_MARGIN))
+    p = plan_patch(workload(), budget_bytes=budget, allocator=ALLOCATOR)
+    chosen = p.chosen.config.patch_size
+    assert chosen is not None and p.chosen.config.micro_batch == BATCH
+    k = ladder.index(chosen)
+    limit = int(budget * (1 - DEFAULT_MARGIN))
+    assert needs[k] == p.chosen.device_bytes <= limit
+    bigger = [r for r in ladder if math.prod(r) > math.prod(chosen)]
+    assert bigger == ladder[:k]
+    assert all(needs[i] > limit for i in range(k)), [(ladder[i], needs[i], limit) for i in range(k)]
+
+
+def test_floors_along_the_ladder_stay_below_every_larger_rungs_need(rungs):  # noqa: ANN001
+    ladder, needs, search = rungs
+    for j, r in enumerate(ladder):
+        floor = search.need_floor(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32", patch_size=r))
+        assert all(floor <= needs[i] for i in range(j))
+
+
+def test_no_patch_fits_after_the_smallest_was_estimated(rungs):  # noqa: ANN001
+    ladder, needs, _ = rungs
+    with pytest.raises(BudgetTooSmallError, match="no patch fits"):
+        plan_patch(workload(), budget_bytes=math.ceil((needs[-1] - 1) / (1 - DEFAULT_MARGIN)) - 1,
+                   allocator=ALLOCATOR)

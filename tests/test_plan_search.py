@@ -1,0 +1,320 @@
+"""How ``plan()`` searches, hand-worked on CPU with real estimates and the real speed model.
+
+The small U-Net of ``conftest.plan_unet`` at an effective batch of 8 has 24 configurations (3 checkpointing
+choices × 2 memory formats × 4 micro-batches, fused AdamW): few enough to estimate every one exactly, with and
+without expandable segments. That grid is the oracle: at any budget, the plan must be the fastest configuration
+whose exact estimate fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from conftest import PLAN_EFFECTIVE, plan_unet
+from memfit import BudgetTooSmallError
+from memfit.estimate.allocator import AllocatorConfig
+from memfit.estimate.gpus import gpu_spec
+from memfit.estimate.op_costs import OpCost, PhaseCost, StepCost
+from memfit.plan.search import (
+    DEFAULT_MARGIN,
+    Candidate,
+    Config,
+    Search,
+    _cost_at,
+    _frontier,
+    _memory_models,
+    _MemoryModel,
+    _Structure,
+    divisors,
+    plan,
+)
+from memfit.units import parse_bytes
+from memfit.workload.spec import Workload
+from memfit.workload.zoo import builtin_workload
+
+EFF = PLAN_EFFECTIVE
+ALLOCATOR = AllocatorConfig()  # not the environment's PYTORCH_CUDA_ALLOC_CONF: the tests must not depend on it
+
+
+@dataclass
+class Grid:
+    """Every configuration the planner considers, estimated exactly (the search's own code, all of it run)."""
+
+    search: Search
+    structures: list[_Structure]
+    models: dict[_Structure, _MemoryModel]
+    configs: list[Config]
+
+    def need(self, c: Config) -> int:
+        return self.search.estimate(c).device_upper_bytes
+
+    def time(self, c: Config) -> float:
+        t = self.search.step_time(c)
+        assert t is not None
+        return t
+
+    def fastest_fitting(self, limit: int) -> Config | None:
+        """The oracle: by predicted time, the first configuration that fits, as is or with expandable segments."""
+        for c in sorted(self.configs, key=self.time):
+            for variant in (c, dataclasses.replace(c, expandable_segments=True)):
+                if self.need(variant) <= limit:
+                    return variant
+        return None
+
+    def line(self, c: Config) -> int:
+        """What the memory line alone predicts for ``c``'s device memory."""
+        return self.models[_Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last)].fits_in(
+            c.micro_batch) + self.search.context_bytes
+
+
+def full_grid(workload: Workload) -> Grid:
+    search = Search(workload.replace(keep_output=False), gpu_spec(None), ALLOCATOR, 1 << 62, EFF, None, False)
+    structures, models = _memory_models(search)
+    configs = [s.config(m, EFF) for s in structures for m in divisors(EFF)]
+    for c in configs:
+        search.estimate(c)
+        search.estimate(dataclasses.replace(c, expandable_segments=True))
+    return Grid(search, structures, models, configs)
+
+
+@pytest.fixture(scope="module")
+def grid() -> Grid:
+    return full_grid(plan_unet())
+
+
+def budget_for(limit: int, margin: float = DEFAULT_MARGIN) -> int:
+    """The smallest budget whose limit (``budget × (1 - margin)``, as plan() computes it) is ``limit`` or more."""
+    budget = math.ceil(limit / (1 - margin))
+    while int(budget * (1 - margin)) < limit:
+        budget += 1
+    return budget
+
+
+def run_plan(budget: int, **kwargs: object):  # noqa: ANN201
+    return plan(plan_unet(), budget_bytes=budget, allocator=ALLOCATOR, **kwargs)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------ no false negatives
+
+
+@pytest.mark.parametrize("quantile", [0.0, 0.3, 0.6, 0.85, 1.0])
+def test_the_plan_is_the_fastest_configuration_an_exact_estimate_fits(grid: Grid, quantile: float):
+    needs = sorted({grid.need(c) for c in grid.configs}
+                   | {grid.need(dataclasses.replace(c, expandable_segments=True)) for c in grid.configs})
+    limit = needs[round(quantile * (len(needs) - 1))]
+    expected = grid.fastest_fitting(limit)
+    p = run_plan(budget_for(limit))
+    assert p.chosen.config == expected
+    assert p.chosen.verified and p.chosen.fits and p.chosen.device_bytes == grid.need(expected) <= limit
+
+
+def test_the_memory_line_would_rule_out_the_plan_the_exact_estimate_lets_it_in(grid: Grid):
+    """The issue's GPT-2 at 16 GiB in small: the line puts the fastest configuration that fits over the limit."""
+    cases = [c for c in sorted(grid.configs, key=grid.time)
+             if grid.line(c) > grid.need(c) and grid.fastest_fitting(grid.need(c)) == c]
+    assert cases, "the grid has no configuration the line overestimates at the edge; pick another workload"
+    c = cases[0]
+    limit = grid.need(c)
+    assert grid.line(c) > limit  # the line alone would have ruled it out
+    p = run_plan(budget_for(limit))
+    assert p.chosen.config == c and p.chosen.verified
+
+
+def test_the_issue_mlp_at_1_47_gib_fits_without_accumulation():
+    """``memfit plan mlp --budget 1.47GiB`` said nothing fits while 256 × 1 with the fused optimizer needs less: the
+    walk estimates that configuration exactly (no accumulation, so no gradients alive in forward)."""
+    p = plan(builtin_workload("mlp"), budget_bytes=parse_bytes("1.47GiB"), allocator=ALLOCATOR)
+    c = p.chosen.config
+    assert (c.micro_batch, c.accumulation_steps, c.optimizer_impl) == (256, 1, "fused")
+    assert p.chosen.verified and p.chosen.device_bytes <= parse_bytes("1.47GiB") * (1 - p.margin)
+    assert not any("smallest configurations" in n for n in p.notes)  # found by the walk, not the last resort
+
+
+def test_nothing_fits_only_after_the_smallest_of_every_structure_was_estimated(grid: Grid, monkeypatch):  # noqa: ANN001
+    estimated: list[Config] = []
+    real = Search.estimate
+
+    def spy(self: Search, config: Config):  # noqa: ANN202
+        estimated.append(config)
+        return real(self, config)
+
+    monkeypatch.setattr(Search, "estimate", spy)
+    smallest = min(grid.need(v) for c in grid.configs for v in (c, dataclasses.replace(c, expandable_segments=True)))
+    with pytest.raises(BudgetTooSmallError, match="smallest configuration found needs") as err:
+        run_plan(budget_for(smallest - 1))
+    for s in grid.structures:
+        for micro in (1, EFF):
+            assert s.config(micro, EFF) in estimated, s
+    assert "Try a budget of at least" in str(err.value)
+
+
+def test_need_floor_is_below_every_larger_configurations_exact_need(grid: Grid):
+    """The bound the walk rules configurations out with never exceeds what their exact estimate says."""
+    pairs = 0
+    for a in grid.configs:
+        for b in grid.configs:
+            same = (a.checkpoint, a.channels_last) == (b.checkpoint, b.channels_last)
+            if same and 1 < b.accumulation_steps <= a.accumulation_steps:
+                for variant in (b, dataclasses.replace(b, expandable_segments=True)):
+                    assert grid.search.need_floor(a) <= grid.need(variant)
+                pairs += 1
+    assert pairs > 10
+
+
+# ------------------------------------------------------------------------------------ margin, fragmentation
+
+
+def test_the_margin_keeps_out_a_configuration_that_needs_99_percent_of_the_budget(grid: Grid):
+    fastest = min(grid.configs, key=grid.time)
+    need = min(grid.need(fastest), grid.need(dataclasses.replace(fastest, expandable_segments=True)))
+    budget = math.ceil(need / 0.99)
+    p = run_plan(budget)
+    assert p.margin == DEFAULT_MARGIN == 0.02
+    assert dataclasses.replace(p.chosen.config, expandable_segments=False) != fastest
+    assert p.chosen.device_bytes <= budget * (1 - DEFAULT_MARGIN)
+    loose = run_plan(budget, margin=0.0)
+    assert dataclasses.replace(loose.chosen.config, expandable_segments=False) == fastest
+
+
+def test_the_plan_decides_with_a_need_above_fits_in_and_its_placement_margin(grid: Grid):
+    """The margins stack as DEFAULT_MARGIN's docstring says: the plan's limit keeps 2 % of the budget, on top of an
+    upper bound that is at least ``fits_in``, which is the replayed cap plus 1.5 % for segment placement."""
+    p = run_plan(budget_for(grid.need(grid.configs[0])))
+    est = grid.search.estimate(p.chosen.config)
+    assert p.chosen.fits_in_bytes == est.fits_in_upper_bytes >= est.fits_in_bytes
+    assert est.fits_in_bytes >= est.fits_in_replay_bytes * 1.015  # memfit.estimate.predict.FITS_IN_MARGIN
+    assert p.chosen.device_bytes <= p.budget_bytes * 0.98
+
+
+def test_fragmentation_keeps_the_fastest_out_and_expandable_segments_let_it_in(grid: Grid):
+    fastest = min(grid.configs, key=grid.time)
+    expandable = dataclasses.replace(fastest, expandable_segments=True)
+    # hand-worked premise: the replay fragments the plain allocator's segments, expandable segments do not
+    assert grid.need(expandable) < grid.need(fastest)
+    assert grid.search.estimate(fastest).fits_in_replay_bytes > grid.search.estimate(fastest).peak_allocated_bytes
+    p = run_plan(budget_for(grid.need(expandable)))
+    assert p.chosen.config == expandable
+    assert any("expandable segments" in n for n in p.notes)
+
+
+def test_with_expandable_segments_already_on_no_retry_is_needed(grid: Grid):
+    fastest = min(grid.configs, key=grid.time)
+    expandable = dataclasses.replace(fastest, expandable_segments=True)
+    p = plan(plan_unet(), budget_bytes=budget_for(grid.need(expandable)),
+             allocator=AllocatorConfig(expandable_segments=True))
+    assert p.chosen.config == fastest  # the allocator is already expandable: the config itself fits
+
+
+# ------------------------------------------------------------------------------------ interpolation, frontier
+
+
+def test_the_memory_line_passes_through_the_estimate_it_was_fitted_on(grid: Grid):
+    base = grid.structures[0]
+    b_mid = max(d for d in divisors(EFF) if d <= EFF // 2)
+    mid = grid.search.estimate(base.config(b_mid, EFF))
+    model = grid.models[base]
+    # the forward/backward peak sets the need here, scaled to the bound as the estimate scales it
+    assert abs(model.fits_in(b_mid) - mid.fits_in_upper_bytes) <= 1
+    lo = grid.search.estimate(base.config(1, EFF))
+    # slope: the forward/backward peak's growth per sample between the two estimates
+    fb = [max(p.allocated_bytes for p in e.timeline if p.phase in ("forward", "loss", "backward")) for e in (lo, mid)]
+    assert model.fb_slope == pytest.approx((fb[1] - fb[0]) / (b_mid - 1))
+
+
+def _rows(*pairs: tuple[int, int]) -> PhaseCost:
+    return PhaseCost.of([OpCost(flops=f, flop_class="fp32_matmul", bytes=b, kernels=1, dispatches=1) for f, b in pairs])
+
+
+def _cost(micro: int, rows: list[tuple[int, int]]) -> StepCost:
+    return StepCost(micro_batch_size=micro, forward=_rows(*rows), backward=_rows(*rows), optimizer=_rows((0, 64)))
+
+
+def test_cost_at_interpolates_each_op_on_its_line():
+    """Op costs ``flops = 100 + 10 m``, ``bytes = 1000 + 100 m`` (the weight read is the intercept)."""
+    def at(m: int) -> StepCost:
+        return _cost(m, [(100 + 10 * m, 1000 + 100 * m), (7 * m, 4 * m)])
+
+    known = [(2, at(2)), (8, at(8))]
+    for m in (4, 6, 16):  # between the two, and beyond them along the same line
+        got = _cost_at(known, m)
+        assert got.micro_batch_size == m
+        assert [(r.flops, r.bytes) for r in got.forward.ops] == [(100 + 10 * m, 1000 + 100 * m), (7 * m, 4 * m)]
+        assert got.forward.bytes == 1000 + 100 * m + 4 * m
+    assert _cost_at(known, 8) is known[1][1]  # a traced size is taken as traced
+
+
+def test_cost_at_scales_the_nearest_trace_when_the_op_sequences_differ():
+    known = [(2, _cost(2, [(20, 200)])), (8, _cost(8, [(80, 800), (8, 8)]))]
+    three = _cost_at(known, 3)  # nearer 2: its one op, scaled by 3/2
+    assert [(r.flops, r.bytes) for r in three.forward.ops] == [(30, 300)]
+    seven = _cost_at(known, 7)
+    assert [(r.flops, r.bytes) for r in seven.forward.ops] == [(70, 700), (7, 7)]
+
+
+def _candidate(gib: float, ms: float | None, micro: int = 1) -> Candidate:
+    config = Config(micro_batch=micro, accumulation_steps=1, precision="fp32")
+    return Candidate(config=config, device_bytes=int(gib * 2**30), fits_in_bytes=int(gib * 2**30),
+                     step_time_s=None if ms is None else ms / 1e3, samples_per_s=None, verified=True, fits=True)
+
+
+def test_frontier_keeps_only_candidates_no_other_beats_on_memory_and_time():
+    a, b, c, d, e = _candidate(1, 30), _candidate(2, 20), _candidate(3, 25), _candidate(4, 10), _candidate(0.5, None)
+    same_memory_slower = _candidate(2, 22, micro=2)
+    assert _frontier([c, e, d, same_memory_slower, b, a]) == [a, b, d]
+
+
+def test_a_real_plans_frontier_is_pareto_optimal(grid: Grid):
+    p = run_plan(budget_for(grid.need(grid.configs[0])))
+    f = p.frontier
+    assert len(f) >= 2
+    for x in f:
+        assert not any(y is not x and y.device_bytes <= x.device_bytes and y.step_time_s < x.step_time_s for y in f)
+    assert [x.device_bytes for x in f] == sorted(x.device_bytes for x in f)
+    assert all(x.step_time_s > y.step_time_s for x, y in zip(f, f[1:], strict=False))
+
+
+# ------------------------------------------------------------------------------------ precision
+
+
+def wide_mlp() -> Workload:
+    """Activations (8 × 2048 tokens × 2048 features) dominate: bf16 autocast halves them."""
+    return Workload(
+        name="plan-wide-mlp",
+        model=lambda: torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 2048),
+                                          torch.nn.GELU(), torch.nn.Linear(2048, 256)),
+        batch=lambda n: (torch.randn(n, 2048, 256), torch.randn(n, 2048, 256)),
+        loss=lambda out, b: torch.nn.functional.mse_loss(out, b[1]),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
+        batch_size=EFF,
+    )
+
+
+@pytest.fixture(scope="module")
+def fp32_floor() -> int:
+    """The least device memory any fp32 configuration of ``wide_mlp`` needs, found by the planner itself."""
+    p = plan(wide_mlp(), budget_bytes=1 << 40, allocator=ALLOCATOR)
+    assert p.chosen.config.precision == "fp32"
+    smallest = Config(micro_batch=1, accumulation_steps=EFF, precision="fp32", optimizer_impl="fused")
+    search = Search(wide_mlp().replace(keep_output=False), gpu_spec(None), ALLOCATOR, 1 << 62, EFF, None, False)
+    return min(search.estimate(v).device_upper_bytes
+               for v in (smallest, dataclasses.replace(smallest, expandable_segments=True)))
+
+
+def test_precision_changes_only_when_allowed_and_then_rescues_a_budget_fp32_cannot_meet(fp32_floor: int):
+    budget = budget_for(fp32_floor - (2 << 20))
+    with pytest.raises(BudgetTooSmallError, match="--allow-precision-change"):
+        plan(wide_mlp(), budget_bytes=budget, allocator=ALLOCATOR)
+    p = plan(wide_mlp(), budget_bytes=budget, allocator=ALLOCATOR, allow_precision_change=True)
+    assert p.chosen.config.precision == "bf16" and p.chosen.verified and p.chosen.fits
+
+
+def test_without_permission_no_configuration_changes_precision():
+    p = plan(wide_mlp(), budget_bytes=1 << 40, allocator=ALLOCATOR)
+    assert {c.config.precision for c in [p.chosen, *p.frontier]} == {"fp32"}
+    allowed = plan(wide_mlp(), budget_bytes=1 << 40, allocator=ALLOCATOR, allow_precision_change=True)
+    assert "bf16" in {c.config.precision for c in allowed.frontier}
