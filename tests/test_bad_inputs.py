@@ -325,15 +325,20 @@ def test_plan_finds_the_true_minimum_before_saying_nothing_fits() -> None:
     from memfit.estimate.predict import estimate
     from memfit.plan.search import plan
 
+    from memfit.plan.search import DEFAULT_MARGIN
+
     mlp = memfit.builtin_workload("mlp")
-    # micro-batch 256 x 1 with the fused optimizer fits 1.47 GiB; the memory lines (fitted with accumulation on)
-    # put it over, and only an exact estimate of it finds it
-    p = plan(mlp, budget_bytes=int(1.47 * 2**30))
+    # the case (1.47 GiB before the bound's slack): micro-batch 256 x 1 with the fused optimizer just fits
+    # a budget made from its own upper bound; the memory lines (fitted with accumulation on) put it over, and only
+    # an exact estimate of it finds it
+    need = estimate(mlp.replace(keep_output=False, batch_size=256, accumulation_steps=1,
+                                optimizer_impl="fused")).device_upper_bytes
+    p = plan(mlp, budget_bytes=int(need / (1 - DEFAULT_MARGIN)) + (4 << 20))
     c = p.chosen.config
     assert (c.micro_batch, c.accumulation_steps, c.optimizer_impl) == (256, 1, "fused") and p.chosen.verified
     # the plan runs through TrainStep (the output dropped before backward) and decides "fits" with the upper bound
     exact = estimate(mlp.replace(keep_output=False, **c.changes()))
-    assert p.chosen.device_bytes == exact.device_upper_bytes <= p.budget_bytes * (1 - p.margin)
+    assert p.chosen.device_bytes == exact.device_upper_bytes == need <= p.budget_bytes * (1 - p.margin)
     # below it nothing fits, and the error says what the smallest configuration needs, exactly
     with pytest.raises(BudgetTooSmallError) as caught:
         plan(mlp, budget_bytes=2**30)
