@@ -323,9 +323,7 @@ def test_workload_files_load_like_python_runs_them(tmp_path: Path) -> None:
 def test_plan_finds_the_true_minimum_before_saying_nothing_fits() -> None:
     from memfit.estimate.allocator_config import AllocatorConfig
     from memfit.estimate.predict import estimate
-    from memfit.plan.search import plan
-
-    from memfit.plan.search import DEFAULT_MARGIN
+    from memfit.plan.search import DEFAULT_MARGIN, plan
 
     mlp = memfit.builtin_workload("mlp")
     # the case (1.47 GiB before the bound's slack): micro-batch 256 x 1 with the fused optimizer just fits

@@ -33,7 +33,6 @@ from memfit.plan.search import (
     divisors,
     plan,
 )
-from memfit.units import parse_bytes
 from memfit.workload.spec import Workload
 from memfit.workload.zoo import builtin_workload
 
