@@ -92,9 +92,10 @@ def plan_patch(
         return dataclasses.replace(base, patch_size=patch)
 
     # Each rung lies inside the one above it (no axis larger), so every tensor of its step is no larger: a rung
-    # whose floor (Search.need_floor) is over the limit rules out every rung above it without estimating them. The answer is the
-    # first rung from the top that an exact estimate says fits, every rung above it an exact miss or ruled out so:
-    # the largest patch on the ladder that fits, whatever the line through the estimates predicted.
+    # whose floor (Search.need_floor) is over the limit rules out every rung above it without estimating them.
+    # The answer is the first rung from the top that an exact estimate says fits, every rung above it an exact
+    # miss or ruled out so: the largest patch on the ladder that fits, whatever the line through the estimates
+    # predicted.
     known: dict[int, Estimate] = {}
     chosen: Candidate | None = None
     while True:
@@ -110,10 +111,11 @@ def plan_patch(
         known[k] = search.estimate(at(ladder[k]))
     scored = [verified(search, at(ladder[k])) for k in sorted(known)]
     if chosen is None:
-        smallest = min(search.estimates.values(), key=lambda e: e.device_bytes)
+        smallest = min(search.estimates.values(), key=lambda e: e.device_upper_bytes)
         raise BudgetTooSmallError(
             f"no patch fits {format_bytes(budget_bytes)} at batch {batch}: the smallest tried needs "
-            f"{format_bytes(smallest.device_bytes)}. Try a smaller batch (min_batch), a larger GPU or bf16/fp16."
+            f"{format_bytes(smallest.device_upper_bytes)}. Try a smaller batch (min_batch), a larger GPU or "
+            "bf16/fp16."
         )
     return Plan(
         workload=workload.name, gpu=spec.name, budget_bytes=budget_bytes, margin=margin, effective_batch=batch,

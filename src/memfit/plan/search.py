@@ -718,7 +718,8 @@ def _walk(search: Search, configs: list[Config], models: dict[_Structure, _Memor
     estimated exactly, or ruled out by ``need_floor`` of a smaller configuration of its structure, or settled by a
     probe the memory line picks (``_probe``); the walk stops when the fastest left is an exact estimate that fits.
     So nothing predicted faster than the plan was ruled out by the line: the line only chooses what to estimate
-    first. A miss whose allocated bytes would fit is retried with expandable segments (fragmentation is the gap).
+    first. A miss whose floor (its requested bytes) fits is retried with expandable segments: fragmentation is
+    the gap.
     None when every configuration was estimated or ruled out, the smallest of each structure estimated.
     """
     notes: list[str] = []
