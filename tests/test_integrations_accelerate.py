@@ -88,7 +88,8 @@ def test_errors_that_are_not_ooms_pass_through_untouched() -> None:
 
 
 def _rank_worker(rank: int, world: int, port: int, limit: int | None, out: str) -> None:
-    """One rank of a 2-process CPU (gloo) DDP job; a fake OOM on rank 1 only, above ``limit`` samples."""
+    """One rank of a 2-process CPU (gloo) DDP job, the single-process test's loop; a fake OOM on rank 1 only, above
+    ``limit`` samples."""
     import os
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -97,25 +98,11 @@ def _rank_worker(rank: int, world: int, port: int, limit: int | None, out: str) 
     assert accelerator.num_processes == world
     seen: list[tuple[int, int]] = []
 
-    def oom_on_rank_1(module: Any, args: Any, kwargs: Any) -> None:
-        if limit is not None and rank == 1 and kwargs["input_ids"].shape[0] > limit:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected on rank 1)")
-
     @find_executable_batch_size(starting_batch_size=8, starting_accumulation_steps=2, accelerator=accelerator)
     def train(batch_size: int, gradient_accumulation_steps: int) -> torch.nn.Module:
         seen.append((batch_size, gradient_accumulation_steps))
         accelerator.free_memory()
-        model = tiny_gpt2()
-        model.register_forward_pre_hook(oom_on_rank_1, with_kwargs=True)
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(DATA), batch_size=batch_size)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-        for (ids,) in loader:
-            with accelerator.accumulate(model):
-                accelerator.backward(model(input_ids=ids, labels=ids).loss)
-                optimizer.step()
-                optimizer.zero_grad()
-        return accelerator.unwrap_model(model)
+        return one_epoch(accelerator, batch_size, OomAbove(limit) if rank == 1 else None)  # rank 1's OOMs only
 
     model = train()
     torch.save({"seen": seen, "state": model.state_dict()}, f"{out}.rank{rank}")
