@@ -74,7 +74,22 @@ def conv_large_rows() -> list[dict]:
     return [r for r in rows if r]
 
 
-def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname):  # noqa: ANN001, ANN202
+def conv_narrow_rows() -> list[dict]:
+    """2-D convolutions with few channels on one side (a segmentation head's 1-8 classes, an input stem's 1-4
+    channels), which tensor-core kernels do not tile: cuDNN may pick other algorithms, with other workspaces.
+    Backward is also measured as its two calls alone (``dgrad_ws``: the input's gradient; ``wgrad_ws``: the
+    weight's)."""
+    rows = []
+    grid2d = [(cin, cout, k) for cin in (8, 16, 32, 64) for cout in (1, 2, 3, 5, 8) for k in (1, 3)]
+    grid2d += [(cin, 32, 3) for cin in (1, 2, 3, 4)]
+    for (cin, cout, k), hw, n, dname in itertools.product(grid2d, (128, 384), (2, 6), DTYPES):
+        row = _conv_case(2, n, cin, cout, k, 1, 1, False, hw, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
+def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False):  # noqa: ANN001, ANN202
     dtype = DTYPES[dname]
     try:
         x = torch.randn(n, cin, *([size] * dims), device="cuda", dtype=dtype, requires_grad=True)
@@ -84,11 +99,15 @@ def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname):  # noqa: ANN001, A
         conv = getattr(F, f"conv_transpose{dims}d" if tr else f"conv{dims}d")
         y, fwd = _transient(lambda: conv(x, w, stride=s, padding=pad, groups=g))  # noqa: F821 (called at once)
         gy = torch.randn_like(y)
-        _, bwd = _transient(lambda: torch.autograd.grad(y, (x, w), gy))  # noqa: F821 (called at once)
+        _, bwd = _transient(lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=split_backward))  # noqa: F821
+        split = {}
+        if split_backward:
+            _, split["dgrad_ws"] = _transient(lambda: torch.autograd.grad(y, x, gy, retain_graph=True))  # noqa: F821
+            _, split["wgrad_ws"] = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: F821
         row = dict(kind="conv", dims=dims, n=n, cin=cin, cout=cout, k=k, stride=s, groups=g, transposed=tr,
                    size=size, dtype=dname, in_bytes=x.numel() * x.element_size(),
                    out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(),
-                   fwd_ws=fwd, bwd_ws=bwd)
+                   fwd_ws=fwd, bwd_ws=bwd, **split)
         del x, w, y, gy
         return row
     except torch.OutOfMemoryError:
@@ -145,11 +164,12 @@ def rnn_rows() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
-    parser.add_argument("--only", choices=("conv", "conv_large", "lstm", "rnn"), help="measure one family only")
+    parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "lstm", "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
-    families = {"conv": conv_rows, "conv_large": conv_large_rows, "lstm": lstm_rows, "rnn": rnn_rows}
+    families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_narrow": conv_narrow_rows, "lstm": lstm_rows,
+                "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)
     result = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
