@@ -54,6 +54,7 @@ BUDGETS_GB = (8, 12, 16)  # GPU memory in 10^9 bytes, as nnU-Net's gpu_memory_ta
 NETWORKS = ("unet3d", "resenc_m")
 STEPS = 3  # memfit.workload.protocol.DEFAULT_STEPS: what run_trial runs
 MEMORY_SHARE = 0.9  # of the card's memory the concurrent trials' caps and contexts may add up to
+TRIAL_TIMEOUT_S = 90  # a trial is 3 steps of a 3-D U-Net after importing torch: seconds, not minutes
 
 
 def resenc_m():  # noqa: ANN201 - a memfit.Workload (loaded by the trial processes as FILE:resenc_m)
@@ -183,10 +184,16 @@ def _trial(job: _Job, dry_run: dict | None) -> dict:
         return {"ok": ok, "cap_bytes": job.cap_bytes, "peak_allocated_bytes": min(need, job.cap_bytes),
                 "peak_reserved_bytes": 0, "outside_allocator_bytes": 0, "num_alloc_retries": 0, "elapsed_s": 0.0,
                 "error": "" if ok else "stand-in: out of memory"}
+    import subprocess
+
     from memfit.estimate.measure import run_trial
 
-    trial = run_trial(_spec(job.network), cap_bytes=job.cap_bytes, timeout_s=300,
-                      changes={"patch_size": list(job.patch), "patch_multiple": list(MULTIPLE), "batch_size": BATCH})
+    try:
+        trial = run_trial(_spec(job.network), cap_bytes=job.cap_bytes, timeout_s=TRIAL_TIMEOUT_S,
+                          changes={"patch_size": list(job.patch), "patch_multiple": list(MULTIPLE),
+                                   "batch_size": BATCH})
+    except subprocess.TimeoutExpired:  # a verdict of neither kind: the cell says inconclusive
+        return {"ok": False, "cap_bytes": job.cap_bytes, "error": f"no result in {TRIAL_TIMEOUT_S} s"}
     return dataclasses.asdict(trial)
 
 
@@ -289,7 +296,7 @@ def main() -> None:
     r.add_argument("--predictions", required=True, help="the plan stage's folder")
     r.add_argument("--networks", default=",".join(NETWORKS))
     r.add_argument("--workers", type=int, default=4, help="trials at a time (fewer if the caps need it)")
-    r.add_argument("--deadline-s", type=float, default=240.0, help="start no trial after this long")
+    r.add_argument("--deadline-s", type=float, default=110.0, help="start no trial after this long")
     r.add_argument("--dry-run", action="store_true", help="on the CPU: the schedule with a stand-in verdict")
     r.set_defaults(func=run_stage)
     args = parser.parse_args()
