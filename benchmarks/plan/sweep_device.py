@@ -116,9 +116,15 @@ def _provenance(made_on: str) -> dict:
 
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True,
-                                cwd=HERE).stdout.strip())
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE).stdout.strip()
+        except OSError:  # no git where this runs (the device machine's copy of the tree)
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", "src")
+    dirty = None if status is None else bool(status)
     return {"made_on": made_on, "torch": torch.__version__, "python": platform.python_version(),
             "memfit_commit": commit or None, "memfit_src_modified": dirty, "date": dt.date.today().isoformat()}
 
