@@ -48,9 +48,9 @@ WORKLOADS = {
     "gpt2": ("gpt2", {}, 32, (5.5, 9.0, 16.0, 24.0)),
     # the 2-D U-Net at 512² tiles: each step a fraction of a second, so the sweep stays short
     "unet2d": ("unet2d", {"patch_size": (512, 512)}, 8, (3.0, 5.0, 8.0, 14.0)),
-    # Two models the speed model's constants were not fitted on (GPT-2 and ResNet-50 were). Budgets from the CPU
-    # estimates' upper bounds (device_upper_bytes, H100, results/plan/plan_sweep_predictions_cpu_20261126/), from
-    # "only checkpointed configurations fit" to loose:
+    # Two models the speed model's constants were not fitted on (GPT-2 and ResNet-50 were). Budgets set before
+    # any GPU run, from memfit.estimate's upper bounds on this CPU (device_upper_bytes for an H100, torch 2.13,
+    # commit d45188f, loss-only loop), from "only checkpointed configurations fit" to loose:
     # ViT-B/16 at its built-in batch of 64 (bf16, AdamW): micro-batch 8 needs 3.22 GiB plain, 2.84 GiB with
     # every block checkpointed; 64 at once 6.83 GiB plain.
     "vit_b16": ("vit_b16", {}, 64, (3.0, 4.0, 5.0, 8.0)),
