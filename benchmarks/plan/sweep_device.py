@@ -50,12 +50,15 @@ WORKLOADS = {
     "unet2d": ("unet2d", {"patch_size": (512, 512)}, 8, (3.0, 5.0, 8.0, 14.0)),
     # Two models the speed model's constants were not fitted on (GPT-2 and ResNet-50 were). Budgets set before
     # any GPU run, from memfit.estimate's upper bounds on this CPU (device_upper_bytes for an H100, torch 2.13,
-    # commit d45188f, loss-only loop), from "only checkpointed configurations fit" to loose:
-    # ViT-B/16 at its built-in batch of 64 (bf16, AdamW): micro-batch 8 needs 3.22 GiB plain, 2.84 GiB with
-    # every block checkpointed; 64 at once 6.83 GiB plain.
+    # commit d45188f, loss-only loop, fused optimizer), from just above the least any configuration needs to loose:
+    # ViT-B/16 at its built-in batch of 64 (bf16, AdamW): micro-batch 1 plain needs 2.70 GiB (the least: at small
+    # micro-batches the model state dominates and checkpointing saves little), 4 plain 2.88, 8 plain 3.22, 8 with
+    # every block checkpointed 2.84, 64 plain 6.83; so at 3 GiB micro-batches up to 4 fit plain and larger ones
+    # only checkpointed.
     "vit_b16": ("vit_b16", {}, 64, (3.0, 4.0, 5.0, 8.0)),
     # nnU-Net's 3-D U-Net at its 128³ patch and nnU-Net's batch of 2 (fp16, SGD): micro-batch 1 needs 3.66 GiB
-    # plain, 3.04 GiB all checkpointed; 2 at once 5.86 GiB plain, 4.88 GiB all checkpointed.
+    # plain, 3.04 GiB all checkpointed; 2 at once 5.86 GiB plain, 4.88 GiB all checkpointed; so at 3.3 GiB only
+    # checkpointed configurations fit.
     "unet3d": ("unet3d", {}, 2, (3.3, 4.0, 5.25, 8.0)),
 }
 # the models the speed model's constants were fitted on (memfit/speed/step_time.py: SpeedParams); the rest are unseen
