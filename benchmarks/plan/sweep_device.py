@@ -53,7 +53,7 @@ WORKLOADS = {
     # commit d45188f, loss-only loop, fused optimizer), from just above the least any configuration needs to loose:
     # ViT-B/16 at its built-in batch of 64 (bf16, AdamW): micro-batch 1 plain needs 2.70 GiB (the least: at small
     # micro-batches the model state dominates and checkpointing saves little), 4 plain 2.88, 8 plain 3.22, 8 with
-    # every block checkpointed 2.84, 64 plain 6.83; so at 3 GiB micro-batches up to 4 fit plain and larger ones
+    # every block checkpointed 2.71, 64 plain 6.83; so at 3 GiB micro-batches up to 4 fit plain and larger ones
     # only checkpointed.
     "vit_b16": ("vit_b16", {}, 64, (3.0, 4.0, 5.0, 8.0)),
     # nnU-Net's 3-D U-Net at its 128³ patch and nnU-Net's batch of 2 (fp16, SGD): micro-batch 1 needs 3.66 GiB
