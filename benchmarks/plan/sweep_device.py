@@ -15,11 +15,15 @@ without them (the segment mode changes no kernel).
     python benchmarks/plan/sweep_device.py plan --out benchmarks/results/plan/plan_sweep_predictions_cpu_<date>
     python benchmarks/plan/sweep_device.py sweep --plans <that folder> --out $OUT        # on the GPU (H100)
 
-The ``plan`` stage runs on the CPU for ``--gpu`` (default h100); ``sweep`` plans again on the device's CPU when
-``--plans`` is missing or was made for another GPU. It writes ``plan_sweep_<workload>.json`` per
-workload into ``--out`` (commit as ``benchmarks/results/plan/plan_sweep_<card>_torch<X.Y>_<yyyymmdd>/``). Sized to
-finish in about 5 GPU-minutes for both default workloads; ``--deadline-s`` stops a sweep early and keeps what it
-measured.
+The ``plan`` stage runs on the CPU for ``--gpu`` (default h100) with the roofline speed model (no GPU to calibrate
+on), and each plan records the speed model it used (``speed_model``). ``sweep`` judges exactly the plans in
+``--plans``, whichever GPU it lands on (a mismatch is recorded, not re-planned), so the CPU-made roofline plans are
+the ones judged; only without ``--plans`` does it plan on the device's CPU, and says so (``plans_provenance``). It
+writes ``plan_sweep_<workload>.json`` per workload into ``--out`` (commit as
+``benchmarks/results/plan/plan_sweep_<card>_torch<X.Y>_<yyyymmdd>/``); ``plan/sweep_report.py`` makes the table.
+GPT-2 and the 2-D U-Net took 75 and 73 s each on an H100 (``sweep_s`` in
+``results/plan/plan_sweep_h100_torch2.11_20261126/``); ``--deadline-s`` stops a sweep early and keeps what it
+measured. ``sweep --dry-run`` (CPU) loads the plans and lists what the GPU would run.
 """
 
 from __future__ import annotations
@@ -44,7 +48,21 @@ WORKLOADS = {
     "gpt2": ("gpt2", {}, 32, (5.5, 9.0, 16.0, 24.0)),
     # the 2-D U-Net at 512² tiles: each step a fraction of a second, so the sweep stays short
     "unet2d": ("unet2d", {"patch_size": (512, 512)}, 8, (3.0, 5.0, 8.0, 14.0)),
+    # Two models the speed model's constants were not fitted on (GPT-2 and ResNet-50 were). Budgets set before
+    # any GPU run, from memfit.estimate's upper bounds on this CPU (device_upper_bytes for an H100, torch 2.13,
+    # commit d45188f, loss-only loop, fused optimizer), from just above the least any configuration needs to loose:
+    # ViT-B/16 at its built-in batch of 64 (bf16, AdamW): micro-batch 1 plain needs 2.70 GiB (the least: at small
+    # micro-batches the model state dominates and checkpointing saves little), 4 plain 2.88, 8 plain 3.22, 8 with
+    # every block checkpointed 2.71, 64 plain 6.83; so at 3 GiB micro-batches up to 4 fit plain and larger ones
+    # only checkpointed.
+    "vit_b16": ("vit_b16", {}, 64, (3.0, 4.0, 5.0, 8.0)),
+    # nnU-Net's 3-D U-Net at its 128³ patch and nnU-Net's batch of 2 (fp16, SGD): micro-batch 1 needs 3.66 GiB
+    # plain, 3.04 GiB all checkpointed; 2 at once 5.86 GiB plain, 4.88 GiB all checkpointed; so at 3.3 GiB only
+    # checkpointed configurations fit.
+    "unet3d": ("unet3d", {}, 2, (3.3, 4.0, 5.25, 8.0)),
 }
+# the models the speed model's constants were fitted on (memfit/speed/step_time.py: SpeedParams); the rest are unseen
+SPEED_FIT_MODELS = ("gpt2", "resnet50")
 IMPLS = ("fused", "default")
 ROUNDS = 8
 
@@ -94,7 +112,27 @@ def grid(name: str, gpu) -> dict:  # noqa: ANN001
     return {"configs": configs, "planner_sets": [list(s) for s in planner], "blocks": list(facts.blocks)}
 
 
-def make_plans(name: str, gpu) -> dict:  # noqa: ANN001
+def _provenance(made_on: str) -> dict:
+    """Where and with what a set of plans was made: judged results name the code and torch that planned them."""
+    import platform
+    import subprocess
+
+    import torch
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE).stdout.strip()
+        except OSError:  # no git where this runs (the device machine's copy of the tree)
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", "src")
+    dirty = None if status is None else bool(status)
+    return {"made_on": made_on, "torch": torch.__version__, "python": platform.python_version(),
+            "memfit_commit": commit or None, "memfit_src_modified": dirty, "date": dt.date.today().isoformat()}
+
+
+def make_plans(name: str, gpu, made_on: str = "cpu") -> dict:  # noqa: ANN001
     from memfit.plan.search import plan
 
     w = _workload(name)
@@ -103,14 +141,17 @@ def make_plans(name: str, gpu) -> dict:  # noqa: ANN001
     for gib in budgets:
         started = time.perf_counter()
         try:
-            p = plan(w, budget_bytes=int(gib * 2**30), effective_batch=eff, gpu=gpu)
-            plans.append({"budget_bytes": p.budget_bytes, "plan": p.to_dict(), "planning_s": time.perf_counter() - started,
+            # calibration=None: the roofline, stated rather than left to plan()'s default
+            p = plan(w, budget_bytes=int(gib * 2**30), effective_batch=eff, gpu=gpu, calibration=None)
+            plans.append({"budget_bytes": p.budget_bytes, "plan": p.to_dict(), "speed_model": p.speed_model,
+                          "planning_s": time.perf_counter() - started,
                           "context_bytes": p.chosen.device_bytes - p.chosen.fits_in_bytes})
         except Exception as exc:  # a budget nothing fits: the sweep says whether anything runs
             plans.append({"budget_bytes": int(gib * 2**30), "error": f"{type(exc).__name__}: {exc}"[:300]})
-        print(f"{name} {gib} GiB: {plans[-1].get('plan', {}).get('chosen', {}).get('config') or plans[-1]['error']}",
-              flush=True)
-    return {"workload": name, "effective_batch": eff, "gpu": gpu.name, "plans": plans, **grid(name, gpu)}
+        print(f"{name} {gib} GiB: {plans[-1].get('plan', {}).get('chosen', {}).get('config') or plans[-1]['error']} "
+              f"({time.perf_counter() - started:.1f} s)", flush=True)
+    return {"workload": name, "effective_batch": eff, "gpu": gpu.name, "plans": plans,
+            "provenance": _provenance(made_on), **grid(name, gpu)}
 
 
 def plan_stage(args: argparse.Namespace) -> None:
@@ -211,7 +252,8 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
         steps = _interleaved(w, finalists, args.rounds)
         best = min(range(len(steps)), key=steps.__getitem__)
         result.update({
-            "plan": pick, "plan_expandable_segments": expandable, "plan_runs_under_cap": runs,
+            "plan": pick, "plan_speed_model": entry.get("speed_model", entry["plan"].get("speed_model")),
+            "plan_expandable_segments": expandable, "plan_runs_under_cap": runs,
             "plan_predicted_step_s": chosen["step_time_s"], "plan_predicted_device_bytes": chosen["device_bytes"],
             "finalists": [{"config": c, "step_s": s} for c, s in zip(finalists, steps, strict=True)],
             "best": finalists[best], "ratio": steps[best] / steps[0],
@@ -221,25 +263,62 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
         budgets.append(result)
     return {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "date": dt.date.today().isoformat(), "effective_batch": pred["effective_batch"], "caps": caps,
-            "context_bytes": context, "rows": list(rows.values()), "budgets": budgets,
-            "sweep_s": time.perf_counter() - started}
+            "context_bytes": context, "plans_gpu": pred["gpu"], "plans_provenance": pred.get("provenance"),
+            "speed_fit_model": name in SPEED_FIT_MODELS, "configurations": len(pred["configs"]),
+            "rows": list(rows.values()), "budgets": budgets, "sweep_s": time.perf_counter() - started}
+
+
+def _load_plans(args: argparse.Namespace, name: str) -> dict | None:
+    if not args.plans:
+        return None
+    path = Path(args.plans) / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"no plans for {name} in {args.plans} ({path.name} missing): run the plan stage first.")
+    pred = json.loads(path.read_text())
+    if pred.get("effective_batch") != WORKLOADS[name][2]:
+        raise SystemExit(f"{path} was planned for effective batch {pred.get('effective_batch')}, this script sweeps "
+                         f"{WORKLOADS[name][2]}: run the plan stage again.")
+    return pred
+
+
+def _describe(name: str, pred: dict) -> str:
+    lines = [f"{name}: {len(pred['configs'])} configurations, plans for {pred['gpu']} made on "
+             f"{(pred.get('provenance') or {}).get('made_on', '?')}"]
+    for entry in pred["plans"]:
+        chosen = entry.get("plan", {}).get("chosen", {}).get("config")
+        label = (f"{chosen['micro_batch']}x{chosen['accumulation_steps']} ckpt={len(chosen['checkpoint'])} "
+                 f"{chosen['optimizer_impl']} cl={chosen['channels_last']} "
+                 f"expandable={chosen['expandable_segments']}" if chosen else entry.get("error"))
+        lines.append(f"  {entry['budget_bytes'] / 2**30:.2f} GiB [{entry.get('speed_model', '-')}]: {label}")
+    return "\n".join(lines)
 
 
 def sweep_stage(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:  # the CPU's check of what the GPU would judge: the plans and the grid, nothing run
+        for name in args.workloads.split(","):
+            pred = _load_plans(args, name)
+            print(_describe(name, pred) if pred else f"{name}: no --plans, the device would plan itself", flush=True)
+        return
+
     import torch
 
     from memfit.estimate.gpus import detect_gpu
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     torch.cuda.init()
     for name in args.workloads.split(","):
+        pred = _load_plans(args, name)
         gpu = detect_gpu()
-        pred = json.loads((Path(args.plans) / f"{name}.json").read_text()) if args.plans else None
-        if pred is None or gpu is None or pred["gpu"] != gpu.name:
-            # the plans' roofline and CUDA context belong to their GPU: plan again for this one
-            print(f"{name}: planning for {gpu.name if gpu else 'this GPU'} here", flush=True)
-            pred = make_plans(name, gpu)
+        if pred is None:
+            print(f"{name}: planning for {gpu.name if gpu else 'this GPU'} on the device's CPU", flush=True)
+            pred = make_plans(name, gpu, made_on="device_cpu")
+        elif gpu is None or pred["gpu"] != gpu.name:
+            # the plans judged are the ones given: their roofline and CUDA context are the planned GPU's, which
+            # the result records (plans_gpu) beside the card that ran them
+            print(f"{name}: judging plans made for {pred['gpu']} on {gpu.name if gpu else 'an unknown GPU'}",
+                  flush=True)
+        print(_describe(name, pred), flush=True)
         result = sweep_workload(name, pred, args)
         (out / f"plan_sweep_{name}.json").write_text(json.dumps(result, indent=1))
 
@@ -259,6 +338,7 @@ def main() -> None:
     s.add_argument("--rounds", type=int, default=ROUNDS)
     s.add_argument("--top", type=int, default=3, help="the sweep's fastest fitting configurations timed with the plan")
     s.add_argument("--deadline-s", type=float, default=150.0, help="per workload: stop sweeping after this long")
+    s.add_argument("--dry-run", action="store_true", help="on the CPU: load the plans, print what would run")
     s.set_defaults(func=sweep_stage)
     args = parser.parse_args()
     args.func(args)
