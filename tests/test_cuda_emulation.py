@@ -67,3 +67,44 @@ def test_reduction_staging_follows_cudas_launch_configuration():
     assert rows(64, 4096, 4) == 0
     # a sum over the contiguous last dim of few rows stages a float per row and block, not per column
     assert 0 < reduction_staging_bytes((4, 1 << 22), (1 << 22, 1), [1], 4, 132) < 64 * 1024
+
+
+def test_narrow_half_precision_convolutions_take_a_72_image_input_gradient_workspace():
+    # cuDNN's input-gradient call of 3x3 convolutions to 2 or 8 channels from at most 40: measured on an H200 by
+    # benchmarks/calibrate_cudnn.py --only conv_narrow / conv_narrow_trigger (dgrad_ws, within 1 MiB) and, for the
+    # smp U-Net's head, by the gap case's allocator stream (679,481,856 B)
+    from memfit.estimate.workspaces import narrow_dgrad_unsure, narrow_dgrad_workspace_bytes
+
+    def dgrad(n: int, cin: int, cout: int, size: int, k: int = 3, itemsize: int = 2, stride: int = 1) -> int:
+        return narrow_dgrad_workspace_bytes((n, cin, size, size), (cout, cin, k, k), itemsize=itemsize,
+                                            stride=(stride, stride), dilation=(1, 1), groups=1, transposed=False)
+
+    for got, measured in ((dgrad(8, 16, 2, 512), 679_481_856), (dgrad(1, 4, 2, 256), 56_624_640),
+                          (dgrad(96, 8, 2, 64), 35_392_000), (dgrad(12, 40, 8, 256), 453_030_912)):
+        assert 0 <= measured - got < 1 << 20
+    # not taken: 48 input channels, 4 output channels, fp32, a 5x5 kernel, a stride, few pixels
+    assert dgrad(12, 48, 2, 256) == dgrad(12, 8, 4, 256) == dgrad(8, 16, 2, 512, itemsize=4) == 0
+    assert dgrad(8, 16, 2, 512, k=5) == dgrad(8, 16, 2, 512, stride=2) == dgrad(2, 16, 2, 128) == 0
+    shape = dict(itemsize=2, stride=(1, 1), dilation=(1, 1), groups=1, transposed=False)
+    assert narrow_dgrad_unsure((6, 8, 128, 128), (3, 8, 3, 3), **shape)
+    assert not narrow_dgrad_unsure((6, 8, 128, 128), (2, 8, 3, 3), **shape)
+
+
+def test_a_two_class_half_precision_head_charges_its_input_gradients_workspace_in_backward():
+    from memfit import Workload
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.trace import trace_workload
+
+    def head(classes: int) -> Workload:
+        return Workload(model=lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1),
+                                                          torch.nn.Conv2d(16, classes, 3, padding=1)),
+                        batch=lambda n: (torch.randn(n, 3, 256, 256), torch.randint(0, classes, (n, 256, 256))),
+                        loss=lambda out, b: torch.nn.functional.cross_entropy(out, b[1]),
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4, precision="fp16")
+
+    def largest_workspace(classes: int) -> int:
+        return max(a.nbytes for a in trace_workload(head(classes), gpu_spec("h100")).allocs
+                   if a.op == "cudnn_workspace")
+
+    assert largest_workspace(2) == 72 * 256 * 256 * (16 + 2) * 2
+    assert largest_workspace(4) < 72 * 256 * 256 * (16 + 4) * 2 // 10

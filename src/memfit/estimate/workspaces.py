@@ -52,6 +52,54 @@ def conv_workspace_bytes(
     )
 
 
+# Narrow 3x3 convolutions in half precision. For the input's gradient of a 2-D 3x3 convolution (stride 1, no
+# groups) with 2 or 8 output channels and at most 40 input channels, cuDNN 9.19's heuristics (benchmark=False)
+# pick a kernel whose workspace holds input + output channels of 72 images per 16 of the batch, whatever the batch
+# below 16: 72 * ceil(N/16) * H * W * (Cin + Cout) elements. Exact to 1 MiB on all 106 such shapes of
+# benchmarks/results/estimate/cudnn_calibration_conv_narrow{,_trigger}_h200_torch2.11_20261126.json (Cin 4-40,
+# N 1-96, 64-512 per axis, fp16 and bf16); not taken with 48 input channels or more, with 1, 4, 6, 10, 12 or 16
+# output channels in fp16, with other kernel sizes, nor below 32,768 output pixels (N*H*W; taken from 65,536). It
+# is the smp U-Net's 2-class head: 679 MB at 8 x 512 x 512, the gap case's missing 18 % (gap_cases_h200_*).
+# bf16 layers with 3 or 5 output channels took it at one size of four (6 x 128 x 128): those are named as
+# uncertain (``NARROW_DGRAD_UNSURE``) rather than charged.
+NARROW_DGRAD_COUT = (2, 8)
+NARROW_DGRAD_MAX_CIN = 40
+NARROW_DGRAD_MIN_PIXELS = 32768
+NARROW_DGRAD_IMAGES = 72
+NARROW_DGRAD_BATCH_TILE = 16
+
+
+def narrow_dgrad_workspace_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], *, itemsize: int,
+                                 stride: Sequence[int], dilation: Sequence[int], groups: int,
+                                 transposed: bool) -> int:
+    """The workspace of the input-gradient call of a narrow half-precision 3x3 convolution (0 where not taken)."""
+    if not _narrow_3x3(input_shape, weight_shape, itemsize, stride, dilation, groups, transposed):
+        return 0
+    n, cin, h, w = input_shape
+    cout = weight_shape[0]
+    if cout not in NARROW_DGRAD_COUT or n * h * w <= NARROW_DGRAD_MIN_PIXELS:
+        return 0
+    tiles = -(-n // NARROW_DGRAD_BATCH_TILE)
+    return NARROW_DGRAD_IMAGES * tiles * h * w * (cin + cout) * itemsize
+
+
+def narrow_dgrad_unsure(input_shape: Sequence[int], weight_shape: Sequence[int], *, itemsize: int,
+                        stride: Sequence[int], dilation: Sequence[int], groups: int, transposed: bool) -> bool:
+    """A narrow 3x3 half-precision convolution whose input gradient may take the 72-image workspace at some sizes
+    (measured for bf16 with 3 and 5 output channels; other odd counts below 16 are unmeasured)."""
+    if not _narrow_3x3(input_shape, weight_shape, itemsize, stride, dilation, groups, transposed):
+        return False
+    cout = weight_shape[0]
+    return cout not in NARROW_DGRAD_COUT and cout % 2 == 1 and 1 < cout < 16
+
+
+def _narrow_3x3(input_shape: Sequence[int], weight_shape: Sequence[int], itemsize: int, stride: Sequence[int],
+                dilation: Sequence[int], groups: int, transposed: bool) -> bool:
+    return (itemsize == 2 and not transposed and groups == 1 and len(input_shape) == 4
+            and tuple(weight_shape[2:]) == (3, 3) and all(s == 1 for s in stride)
+            and all(d == 1 for d in dilation) and weight_shape[1] <= NARROW_DGRAD_MAX_CIN)
+
+
 RNN_RESERVE_PER_LAYER = {"LSTM": 6, "GRU": 7, "RNN_TANH": 2, "RNN_RELU": 2}
 
 
