@@ -19,7 +19,7 @@ from memfit.integrations.huggingface import (  # noqa: E402
     plan_training_arguments,
     training_arguments_for,
 )
-from memfit.plan.search import Candidate, Config, Plan  # noqa: E402
+from memfit.plan.records import Candidate, Config, Plan  # noqa: E402
 
 
 class Samples(torch.utils.data.Dataset):

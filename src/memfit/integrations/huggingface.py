@@ -40,7 +40,8 @@ from memfit.guard import microbatch
 from memfit.guard.agreement import reduce_gradients
 from memfit.integrations.module_workload import batch_factory, meta_copy, model_factory
 from memfit.integrations.window import WindowGuard
-from memfit.plan.search import DEFAULT_MARGIN, Plan, plan
+from memfit.plan.records import Plan
+from memfit.plan.search import DEFAULT_MARGIN, plan
 from memfit.units import format_bytes, parse_bytes
 from memfit.workload.spec import Precision, Workload
 

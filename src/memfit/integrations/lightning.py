@@ -53,7 +53,8 @@ from memfit.guard.agreement import reduce_gradients
 from memfit.integrations.module_workload import batch_factory, meta_copy, model_factory
 from memfit.integrations.oom_report import oom_report
 from memfit.integrations.window import WindowGuard
-from memfit.plan.search import DEFAULT_MARGIN, Plan, plan
+from memfit.plan.records import Plan
+from memfit.plan.search import DEFAULT_MARGIN, plan
 from memfit.units import format_bytes, parse_bytes
 from memfit.workload.knobs import apply_checkpointing, optimizer_impls_for
 from memfit.workload.spec import Precision, Workload

@@ -17,15 +17,8 @@ from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate
-from memfit.plan.search import (
-    DEFAULT_MARGIN,
-    Candidate,
-    Config,
-    Plan,
-    Search,
-    check_budget,
-    verified,
-)
+from memfit.plan.records import Candidate, Config, Plan
+from memfit.plan.search import DEFAULT_MARGIN, Search, check_budget, verified
 from memfit.units import format_bytes
 from memfit.workload.spec import Workload
 
