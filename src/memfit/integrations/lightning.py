@@ -56,6 +56,7 @@ from memfit.integrations.window import WindowGuard
 from memfit.plan.records import Plan
 from memfit.plan.search import DEFAULT_MARGIN, plan
 from memfit.units import format_bytes, parse_bytes
+from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, optimizer_impls_for
 from memfit.workload.spec import Precision, Workload
 
@@ -431,6 +432,8 @@ class MemfitCallbackBase:
         trainer.accumulate_grad_batches = config.accumulation_steps
         if config.checkpoint:
             apply_checkpointing(pl_module, config.checkpoint)
+        if config.loss_impl == "chunked":  # offered only where the module itself is shaped like a causal LM
+            use_chunked_cross_entropy(pl_module)
         if config.optimizer_impl != "default":
             for optimizer in trainer.optimizers:
                 if not _set_optimizer_impl_in_place(optimizer, config.optimizer_impl):

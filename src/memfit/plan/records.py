@@ -20,8 +20,17 @@ from memfit._io import check_output_path, write_atomic
 from memfit.errors import UsageError
 from memfit.guard.step import TrainStep
 from memfit.records import JsonRecord
+from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, set_optimizer_impl
-from memfit.workload.spec import OPTIMIZER_IMPLS, PRECISIONS, OptimizerImpl, Precision, Workload
+from memfit.workload.spec import (
+    LOSS_IMPLS,
+    OPTIMIZER_IMPLS,
+    PRECISIONS,
+    LossImpl,
+    OptimizerImpl,
+    Precision,
+    Workload,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +49,9 @@ class Config:
     channels_last: bool = False
     expandable_segments: bool = False
     patch_size: tuple[int, ...] | None = None
+    loss_impl: LossImpl = "default"
+    """``chunked``: the output layer and cross-entropy run over chunks of tokens (``Workload.loss_impl``): the same
+    loss without the full logits, at the cost of one more output-layer matmul in backward."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "accumulation_steps"):
@@ -51,6 +63,8 @@ class Config:
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise UsageError(f"Config.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, "
                              f"got {self.optimizer_impl!r}.")
+        if self.loss_impl not in LOSS_IMPLS:
+            raise UsageError(f"Config.loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}.")
         if self.patch_size is not None and not all(
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.patch_size
         ):
@@ -69,6 +83,7 @@ class Config:
             "checkpoint": self.checkpoint,
             "optimizer_impl": self.optimizer_impl,
             "channels_last": self.channels_last,
+            "loss_impl": self.loss_impl,
         }
         if self.patch_size is not None:
             out["patch_size"] = self.patch_size
@@ -80,6 +95,8 @@ class Config:
             parts.append(f"checkpoint {len(self.checkpoint)} blocks")
         if self.optimizer_impl != "default":
             parts.append(f"{self.optimizer_impl} optimizer")
+        if self.loss_impl == "chunked":
+            parts.append("chunked cross-entropy")
         if self.channels_last:
             parts.append("channels_last")
         if self.expandable_segments:
@@ -193,16 +210,21 @@ class Plan(JsonRecord):
         return workload.replace(**self.chosen.config.changes())
 
     def apply(self, model: Any, optimizer: Any, loss_fn: Any, **train_step_kwargs: Any) -> Any:
-        """Configure the guarded step as planned: checkpoint wrappers, optimizer implementation, memory format,
-        precision and micro-batch size. Returns a ``memfit.TrainStep``; its ``optimizer`` is the one to use.
+        """Configure the guarded step as planned: checkpoint wrappers, the chunked cross-entropy, optimizer
+        implementation, memory format, precision and micro-batch size. Returns a ``memfit.TrainStep``; its
+        ``optimizer`` is the one to use.
 
-        Feed it batches of ``effective_batch`` samples; it runs them as ``accumulation_steps`` micro-batches.
+        Feed it batches of ``effective_batch`` samples; it runs them as ``accumulation_steps`` micro-batches. With
+        the chunked cross-entropy the model computes its loss when called with labels and returns no logits, so
+        ``loss_fn`` must take the model's loss (``lambda out, mb: out.loss``), as the planned workload's did.
         """
         import torch
 
         c = self.chosen.config
         if c.checkpoint:
             apply_checkpointing(model, c.checkpoint)
+        if c.loss_impl == "chunked":
+            use_chunked_cross_entropy(model)
         if c.channels_last:  # .to keeps the Parameter objects, so the optimizer still holds them
             is_3d = any(p.dim() == 5 for p in model.parameters())
             model.to(memory_format=torch.channels_last_3d if is_3d else torch.channels_last)

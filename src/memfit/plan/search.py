@@ -2,7 +2,7 @@
 
 The search turns the knobs that keep the training mathematics (micro-batch × gradient accumulation with the
 same effective batch, activation checkpointing of chosen blocks, the optimizer's implementation, channels_last,
-expandable segments) and, only when allowed, the precision. Memory comes from ``estimate()``: a few estimates
+expandable segments, the chunked cross-entropy of a causal LM) and, only when allowed, the precision. Memory comes from ``estimate()``: a few estimates
 per structure give a line ``fits_in(micro_batch)``, and every configuration the plan can choose is verified by
 an estimate of exactly that configuration before it is chosen. Speed comes from ``memfit.speed.step_time``: a roofline of
 the traced ops, or its calibration on this machine's GPU. What it returns (``Config``, ``Candidate``, ``Plan``)
@@ -12,6 +12,7 @@ is in ``memfit.plan.records``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from memfit.plan.records import Candidate, Config, Plan
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
 from memfit.workload.knobs import ModelFacts, checkpoint_choices, model_facts
-from memfit.workload.spec import OptimizerImpl, Precision, Workload
+from memfit.workload.spec import LossImpl, OptimizerImpl, Precision, Workload
 
 DEFAULT_MARGIN = 0.02
 """The plan keeps ``device_bytes <= budget × (1 - margin)``. On top of the estimator's own 1.5 % placement
@@ -46,12 +47,13 @@ class _Structure:
     checkpoint: tuple[str, ...] = ()
     optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
+    loss_impl: LossImpl = "default"
 
     def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
         return Config(
             micro_batch=micro, accumulation_steps=effective // micro, precision=self.precision,
             checkpoint=self.checkpoint, optimizer_impl=self.optimizer_impl, channels_last=self.channels_last,
-            expandable_segments=expandable,
+            expandable_segments=expandable, loss_impl=self.loss_impl,
         )
 
 
@@ -78,6 +80,8 @@ class Search:
         self._floors: dict[int, int] = {}  # by id() of the trace, which self.traces keeps alive
         self.facts: ModelFacts | None = None
         """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
+        self.notes: list[str] = []
+        """What the plan says about knobs the search could not try."""
 
     def estimate(self, config: Config) -> Estimate:
         if config not in self.estimates:
@@ -124,7 +128,9 @@ class Search:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
         configuration that does no more work. Those are the same configuration with a micro-batch at least as large
         (the same samples in fewer micro-batches: the same FLOPs with fewer kernel launches, dispatches and weight
-        reads) or with a subset of its checkpointed blocks (less recompute). Each such prediction comes from its own
+        reads), with a subset of its checkpointed blocks (less recompute), or, for the chunked cross-entropy, with
+        the default loss (the chunked loss runs the same ops over chunks of tokens, more kernel launches, and one
+        more output-layer matmul to recompute each chunk's logits in backward). Each such prediction comes from its own
         traces (``raw_step_time``), and traces of two structures differ in ways the roofline prices without
         physics (a checkpointed block's first forward runs without autograd recording, so the roofline can price
         it below the plain forward); the largest of them is the prediction. Precision, the optimizer's
@@ -135,12 +141,14 @@ class Search:
         if own is None:
             return None
         (key, patch), eff = _structure(config), config.effective_batch
-        fewer = {c.checkpoint for c in self.estimates
-                 if set(c.checkpoint) <= set(config.checkpoint)
-                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint)) == (key, patch)}
-        others = (self.raw_step_time(dataclasses.replace(config, checkpoint=blocks, micro_batch=m,
+        losses = {"default", config.loss_impl}  # the default loss does no more work than the chunked one
+        fewer = {(c.checkpoint, c.loss_impl) for c in self.estimates
+                 if set(c.checkpoint) <= set(config.checkpoint) and c.loss_impl in losses
+                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint, loss_impl=config.loss_impl))
+                 == (key, patch)}
+        others = (self.raw_step_time(dataclasses.replace(config, checkpoint=blocks, loss_impl=loss, micro_batch=m,
                                                          accumulation_steps=eff // m))
-                  for blocks in fewer for m in divisors(eff) if m >= config.micro_batch)
+                  for blocks, loss in fewer for m in divisors(eff) if m >= config.micro_batch)
         return max([own, *(t for t in others if t is not None)])
 
     def raw_step_time(self, config: Config) -> float | None:
@@ -194,7 +202,7 @@ def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
 
 
 def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
-    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last), c.patch_size
+    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last, c.loss_impl), c.patch_size
 
 
 @dataclass
@@ -259,6 +267,7 @@ def plan(
     structures, models = _memory_models(search)
     configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
     chosen, notes = _walk(search, configs, models)
+    notes = search.notes + notes
     scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)]
     if chosen is None:
         # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
@@ -303,7 +312,7 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     """Estimate exactly the configurations most likely to need the least memory; the fastest that fits (or None)
     and the smallest.
 
-    For each precision the search has: micro-batch 1 and the whole effective batch at once (no accumulation, so
+    For each precision and loss the search has: micro-batch 1 and the whole effective batch at once (no accumulation, so
     no gradients alive in forward), each without checkpointing and with every block checkpointed; then the
     smallest of those with every optimizer implementation the optimizer has. Each is also tried with expandable
     segments when fragmentation is what keeps it out. The memory format stays the workload's: channels_last is a
@@ -313,10 +322,10 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     eff = search.effective
     full = tuple(facts.blocks) if facts is not None else ()
     configs = []
-    for precision, impl in dict.fromkeys((s.precision, s.optimizer_impl) for s in structures):
+    for precision, impl, loss in dict.fromkeys((s.precision, s.optimizer_impl, s.loss_impl) for s in structures):
         for checkpoint in dict.fromkeys(((), full)):
             for micro in dict.fromkeys((1, eff)):
-                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last)
+                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last, loss)
                 configs.append(structure.config(micro, eff))
     found = [verified(search, c) for c in configs]
     smallest = min(found, key=lambda c: c.device_bytes)
@@ -350,6 +359,9 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     (both run with accumulation, so the gradients are alive in forward, as in every plan but the one without
     accumulation), then each checkpointing choice at the larger size. The optimizer is fused where the optimizer
     supports it: fused needs no temporaries and launches the fewest kernels, so it dominates foreach and for-loop.
+    Each structure is tried with every loss the model takes (``ModelFacts.loss_impls``: the chunked cross-entropy
+    where memfit finds a causal LM's output layer); a loss other than the workload's whose trace fails (a loss
+    function that reads the logits the chunked loss never makes) is left out, with a note.
     """
     w, eff = search.workload, search.effective
     facts = search.facts = model_facts(w)
@@ -362,25 +374,35 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     b_mid = max(d for d in divisors(eff) if d <= max(1, eff // 2))
     structures: list[_Structure] = []
     models: dict[_Structure, _MemoryModel] = {}
-    for precision in precisions:
-        for channels_last in formats:
-            base = _Structure(precision, (), opt, channels_last)
+    losses: list[LossImpl] = list(dict.fromkeys([w.loss_impl, *facts.loss_impls]))
+    for precision, channels_last, loss in itertools.product(precisions, formats, losses):
+        base = _Structure(precision, (), opt, channels_last, loss)
+        try:
             lo = search.estimate(base.config(b_lo, eff))
             mid = search.estimate(base.config(b_mid, eff))
-            fb_lo, other_lo = _phase_peaks(lo)
-            fb_mid, other_mid = _phase_peaks(mid)
-            span = max(b_mid - b_lo, 1)
-            models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
-                                        mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
-            structures.append(base)
-            for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
-                s = dataclasses.replace(base, checkpoint=blocks)
-                e = search.estimate(s.config(b_mid, eff))
-                fb, other = _phase_peaks(e)
-                # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
-                models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
-                                         e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
-                structures.append(s)
+        except Exception as exc:  # noqa: BLE001 - any failure of the other loss only rules that knob out
+            if loss == w.loss_impl:  # the workload as given: its errors are the user's to see
+                raise
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            note = (f"the {loss} loss was not tried: tracing it failed ({type(exc).__name__}: {first:.200}); the "
+                    "loss function must take the model's loss (out.loss), as the chunked loss makes no logits")
+            if note not in search.notes:
+                search.notes.append(note)
+            continue
+        fb_lo, other_lo = _phase_peaks(lo)
+        fb_mid, other_mid = _phase_peaks(mid)
+        span = max(b_mid - b_lo, 1)
+        models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
+                                    mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
+        structures.append(base)
+        for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
+            s = dataclasses.replace(base, checkpoint=blocks)
+            e = search.estimate(s.config(b_mid, eff))
+            fb, other = _phase_peaks(e)
+            # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
+            models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
+                                     e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
+            structures.append(s)
     return structures, models
 
 
