@@ -103,7 +103,8 @@ def make_plans(name: str, gpu) -> dict:  # noqa: ANN001
     for gib in budgets:
         started = time.perf_counter()
         try:
-            p = plan(w, budget_bytes=int(gib * 2**30), effective_batch=eff, gpu=gpu)
+            # the roofline, as these sweeps were run (on the device, plan's default would calibrate)
+            p = plan(w, budget_bytes=int(gib * 2**30), effective_batch=eff, gpu=gpu, calibration="roofline")
             plans.append({"budget_bytes": p.budget_bytes, "plan": p.to_dict(), "planning_s": time.perf_counter() - started,
                           "context_bytes": p.chosen.device_bytes - p.chosen.fits_in_bytes})
         except Exception as exc:  # a budget nothing fits: the sweep says whether anything runs
