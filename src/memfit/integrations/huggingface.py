@@ -43,6 +43,7 @@ from memfit.integrations.module_workload import batch_factory, meta_copy, model_
 from memfit.integrations.window import WindowGuard
 from memfit.plan.records import Plan
 from memfit.plan.search import DEFAULT_MARGIN, plan
+from memfit.speed.model_choice import per_rank_choice
 from memfit.units import format_bytes, parse_bytes
 from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.spec import Precision, Workload
@@ -204,7 +205,7 @@ def plan_training_arguments(
     workload = workload_from_model(model, args, batch)
     chosen = plan(workload, budget_bytes=budget_bytes, effective_batch=effective,
                   gpu=gpu if gpu is not None else detect_gpu(), allow_precision_change=allow_precision_change,
-                  margin=margin)
+                  margin=margin, calibration=per_rank_choice(int(getattr(args, "world_size", 1))))
     return training_arguments_for(chosen, args, trained_precision=workload.precision, model=model)
 
 

@@ -55,6 +55,7 @@ from memfit.integrations.oom_report import oom_report
 from memfit.integrations.window import WindowGuard
 from memfit.plan.records import Plan
 from memfit.plan.search import DEFAULT_MARGIN, plan
+from memfit.speed.model_choice import per_rank_choice
 from memfit.units import format_bytes, parse_bytes
 from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, optimizer_impls_for
@@ -418,7 +419,8 @@ class MemfitCallbackBase:
             gpu = detect_gpu()
         assert self.budget_bytes is not None  # only called with a budget
         chosen = plan(workload, budget_bytes=self.budget_bytes, effective_batch=effective, gpu=gpu,
-                      allow_precision_change=self.allow_precision_change, margin=self.margin)
+                      allow_precision_change=self.allow_precision_change, margin=self.margin,
+                      calibration=per_rank_choice(int(trainer.world_size)))
         logger.info("memfit plan for %s under %s: %s (predicted %s)", workload.name,
                     format_bytes(self.budget_bytes), chosen.chosen.config.label(),
                     format_bytes(chosen.chosen.device_bytes))

@@ -25,6 +25,7 @@ from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
 from memfit.plan.records import Candidate, Config, Plan
+from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
 from memfit.workload.knobs import ModelFacts, checkpoint_choices, model_facts
@@ -229,7 +230,7 @@ def plan(
     allocator: AllocatorConfig | None = None,
     margin: float = DEFAULT_MARGIN,
     allow_precision_change: bool = False,
-    calibration: Calibration | None = None,
+    calibration: CalibrationChoice = "auto",
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -243,7 +244,10 @@ def plan(
         allocator: caching-allocator settings; default ``PYTORCH_CUDA_ALLOC_CONF`` from the environment.
         margin: the plan keeps ``device_bytes <= budget_bytes × (1 - margin)``.
         allow_precision_change: also consider bf16 autocast (changes numerics).
-        calibration: a ``memfit.speed.step_time.Calibration`` timed on the GPU; None uses the roofline.
+        calibration: the speed model that ranks the configurations. ``"auto"``: calibrated (a few micro-batches
+            timed, seconds) when CUDA is available and this machine's GPU is ``gpu``, else the roofline;
+            ``"roofline"`` (or None): never time anything; a ``memfit.speed.step_time.Calibration``: that one.
+            The plan's ``speed_model`` and its first note say which and why (``memfit.speed.model_choice``).
 
     Raises:
         BudgetTooSmallError: nothing fits; the message gives the smallest configuration found and its need.
@@ -263,11 +267,12 @@ def plan(
     check_budget(budget_bytes, margin)
     limit = int(budget_bytes * (1 - margin))
     workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
-    search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
+    speed = choose_speed_model(workload, spec, calibration, effective_batch=eff)
+    search = Search(workload, spec, config, limit, eff, speed.calibration, allow_precision_change)
     structures, models = _memory_models(search)
     configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
     chosen, notes = _walk(search, configs, models)
-    notes = search.notes + notes
+    notes = [speed.reason, *search.notes, *notes]
     scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)]
     if chosen is None:
         # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
@@ -296,7 +301,7 @@ def plan(
         frontier=frontier,
         considered=len(scored),
         estimates=search.runs,
-        speed_model="calibrated" if calibration is not None else "roofline",
+        speed_model=speed.name,
         notes=notes,
         elapsed_s=time.perf_counter() - started,
     )
