@@ -85,7 +85,7 @@ def predict(args: argparse.Namespace) -> None:
         for budget in budgets:
             started = time.perf_counter()
             try:
-                p = plan(w, budget_bytes=budget, effective_batch=eff, gpu=args.gpu)
+                p = plan(w, budget_bytes=budget, effective_batch=eff, gpu=args.gpu, calibration="roofline")
                 plans.append({"budget_bytes": budget, "plan": p.to_dict(),
                               "planning_s": time.perf_counter() - started})
                 print(f"{model} budget {budget / 2**30:.2f} GiB: {p.chosen.config.label()} "

@@ -79,7 +79,7 @@ def strict_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> StrictFakeCuda:
 
 def small_plan():  # noqa: ANN201 - memfit.plan.search.Plan, imported here only when called
     """A Plan built by hand (no search): for the tests of its JSON and of saving it."""
-    from memfit.plan.search import Candidate, Config, Plan
+    from memfit.plan.records import Candidate, Config, Plan
 
     config = Config(micro_batch=4, accumulation_steps=2, precision="bf16", checkpoint=("layers.0",),
                     patch_size=(8, 8, 8))

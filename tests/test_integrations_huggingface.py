@@ -19,7 +19,7 @@ from memfit.integrations.huggingface import (  # noqa: E402
     plan_training_arguments,
     training_arguments_for,
 )
-from memfit.plan.search import Candidate, Config, Plan  # noqa: E402
+from memfit.plan.records import Candidate, Config, Plan  # noqa: E402
 
 
 class Samples(torch.utils.data.Dataset):
@@ -105,6 +105,20 @@ def test_a_plan_becomes_training_arguments(tmp_path: Path) -> None:
     # an optimizer memfit does not switch is left alone, and the summary says so
     other, summary = training_arguments_for(_fixed_plan(config), arguments(tmp_path, optim="adafactor"))
     assert other.optim == "adafactor" and "optim stays 'adafactor'" in summary
+
+
+def test_a_plan_with_the_chunked_loss_swaps_it_into_the_model(tmp_path: Path) -> None:
+    config = Config(micro_batch=8, accumulation_steps=2, precision="fp32", loss_impl="chunked")
+    model = tiny_gpt2()
+    batch = {"input_ids": token_data(4), "labels": token_data(4)}
+    expected = model(**batch).loss
+    _, summary = training_arguments_for(_fixed_plan(config), arguments(tmp_path), model=model)
+    assert "loss -> chunked cross-entropy" in summary
+    out = model(**batch)  # the Trainer's call: the loss, computed in chunks, and no logits
+    assert out.logits is None and out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    # without the model, the summary says what to do: TrainingArguments cannot carry it
+    _, summary = training_arguments_for(_fixed_plan(config), arguments(tmp_path))
+    assert "use_chunked_cross_entropy(model)" in summary
 
 
 def test_plan_training_arguments_plans_the_models_step(tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ def test_a_budget_nothing_fits_stops_fit_before_training() -> None:
 def test_a_plan_with_checkpointing_is_applied_to_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner is replaced by a fixed plan here: what is checked is that each knob reaches Lightning."""
     from memfit.integrations import lightning as integration
-    from memfit.plan.search import Candidate, Config, Plan
+    from memfit.plan.records import Candidate, Config, Plan
 
     config = Config(micro_batch=2, accumulation_steps=8, precision="fp32", checkpoint=("model.transformer.h.0",))
     chosen = Candidate(config=config, device_bytes=1, fits_in_bytes=1, step_time_s=None, samples_per_s=None,
@@ -225,7 +225,7 @@ def test_under_ddp_one_ranks_oom_is_agreed_and_gradients_match_plain_ddp() -> No
 def test_a_plan_that_changed_precision_switches_lightnings_precision_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner proposes bf16 only with allow_precision_change; the callback then runs bf16-mixed."""
     from memfit.integrations import lightning as integration
-    from memfit.plan.search import Candidate, Config, Plan
+    from memfit.plan.records import Candidate, Config, Plan
 
     config = Config(micro_batch=8, accumulation_steps=1, precision="bf16")
     chosen = Candidate(config=config, device_bytes=1, fits_in_bytes=1, step_time_s=None, samples_per_s=None,

@@ -9,7 +9,8 @@ from conftest import PLAN_EFFECTIVE, plan_unet, small_plan
 from memfit import BudgetTooSmallError, estimate
 from memfit.errors import UsageError
 from memfit.plan.patch import patch_ladder, plan_patch
-from memfit.plan.search import Plan, plan
+from memfit.plan.records import Plan
+from memfit.plan.search import plan
 from memfit.workload.spec import Workload
 
 EFFECTIVE = PLAN_EFFECTIVE

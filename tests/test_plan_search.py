@@ -20,10 +20,9 @@ from memfit import BudgetTooSmallError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import gpu_spec
 from memfit.estimate.op_costs import OpCost, PhaseCost, StepCost
+from memfit.plan.records import Candidate, Config
 from memfit.plan.search import (
     DEFAULT_MARGIN,
-    Candidate,
-    Config,
     Search,
     _cost_at,
     _frontier,

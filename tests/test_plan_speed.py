@@ -19,7 +19,8 @@ from conftest import PLAN_EFFECTIVE, plan_unet
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import gpu_spec
 from memfit.estimate.op_costs import PhaseCost, StepCost
-from memfit.plan.search import Config, Search, _memory_models, divisors
+from memfit.plan.records import Config
+from memfit.plan.search import Search, _memory_models, divisors
 from memfit.workload.spec import Workload
 
 EFF = PLAN_EFFECTIVE

@@ -32,7 +32,7 @@ from memfit.explain.oom_message import OomMessage, parse_oom_message
 from memfit.guard.step import StepMetrics
 from memfit.integrations.nnunet.plan import NnunetPlan
 from memfit.integrations.nnunet.planner import LadderStep, PatchChoice
-from memfit.plan.search import Plan
+from memfit.plan.records import Plan
 from memfit.records import JsonRecord
 from memfit.speed.step_time import Calibration, SpeedParams, SpeedPrediction, predict_step_time
 from memfit.workload.zoo import builtin_workload

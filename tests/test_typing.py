@@ -48,7 +48,7 @@ def test_the_public_api_is_typed_for_a_users_type_checker(tmp_path: Path) -> Non
         "memfit.workload.spec.Workload",
         "memfit.estimate.predict.Estimate",
         "memfit.explain.explanation.Explanation",
-        "memfit.plan.search.Plan",
+        "memfit.plan.records.Plan",
         "memfit.guard.step.TrainStep",
         "dict[str, Any]",
     ], out.stdout + out.stderr

@@ -192,7 +192,8 @@ def run_accelerate(setup: Setup, mode: str, budget_bytes: int, steps: int, out: 
         example = setup.model()
         args = _hf_arguments(setup, out)
         workload = workload_from_model(example, args, {"input_ids": ids[:EFFECTIVE], "labels": ids[:EFFECTIVE]})
-        chosen = plan(workload, budget_bytes=budget_bytes, effective_batch=EFFECTIVE)
+        # the roofline, as the committed results were planned (on the device, plan's default would calibrate)
+        chosen = plan(workload, budget_bytes=budget_bytes, effective_batch=EFFECTIVE, calibration="roofline")
         config = chosen.chosen.config
         micro, acc, checkpoint = config.micro_batch, config.accumulation_steps, config.checkpoint
         fused, label, need = config.optimizer_impl == "fused", config.label(), chosen.chosen.device_bytes

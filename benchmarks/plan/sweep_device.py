@@ -141,8 +141,8 @@ def make_plans(name: str, gpu, made_on: str = "cpu") -> dict:  # noqa: ANN001
     for gib in budgets:
         started = time.perf_counter()
         try:
-            # calibration=None: the roofline, stated rather than left to plan()'s default
-            p = plan(w, budget_bytes=int(gib * 2**30), effective_batch=eff, gpu=gpu, calibration=None)
+            # calibration="roofline": the roofline, stated rather than left to plan()'s default
+            p = plan(w, budget_bytes=int(gib * 2**30), effective_batch=eff, gpu=gpu, calibration="roofline")
             plans.append({"budget_bytes": p.budget_bytes, "plan": p.to_dict(), "speed_model": p.speed_model,
                           "planning_s": time.perf_counter() - started,
                           "context_bytes": p.chosen.device_bytes - p.chosen.fits_in_bytes})

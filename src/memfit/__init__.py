@@ -43,8 +43,8 @@ _EXPORTS: dict[str, str] = {
     "Measurement": "memfit.estimate.measure",
     "Explanation": "memfit.explain.explanation",
     "Fix": "memfit.explain.fixes",
-    "Plan": "memfit.plan.search",
-    "Candidate": "memfit.plan.search",
+    "Plan": "memfit.plan.records",
+    "Candidate": "memfit.plan.records",
     "OomMessage": "memfit.explain.oom_message",
     "OomDiagnosis": "memfit.explain.oom_diagnosis",
     "StepCost": "memfit.estimate.op_costs",
@@ -238,8 +238,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see; at run 
         TrainStep as TrainStep,
     )
     from memfit.plan.patch import plan_patch as plan_patch
-    from memfit.plan.search import Candidate as Candidate
-    from memfit.plan.search import Plan as Plan
+    from memfit.plan.records import Candidate as Candidate
+    from memfit.plan.records import Plan as Plan
     from memfit.plan.search import plan as plan
     from memfit.speed.step_time import (
         Calibration as Calibration,

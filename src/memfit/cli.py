@@ -12,6 +12,7 @@ import typer
 
 if TYPE_CHECKING:
     from memfit.explain.explanation import Explanation
+    from memfit.speed.model_choice import CalibrationChoice
 
 from memfit.errors import MemfitError
 
@@ -334,7 +335,11 @@ def plan(
     allow_precision_change: bool = typer.Option(False, "--allow-precision-change", help="Also try bf16 autocast."),
     margin: float = typer.Option(0.02, "--margin", help="Keep predicted device memory under budget × (1 - margin)."),
     patch: bool = typer.Option(False, "--patch", help="Search the input patch size (segmentation workloads)."),
-    calibrate: bool = typer.Option(False, "--calibrate", help="Time a few micro-batches on this GPU first."),
+    calibrate: Optional[bool] = typer.Option(
+        None, "--calibrate/--roofline",
+        help="Speed model that ranks the configurations. Default: --calibrate when this machine has the --gpu card "
+        "(a few micro-batches timed, seconds), else the roofline; --roofline never times anything; --calibrate "
+        "insists (fails without a CUDA GPU)."),
     save: Optional[str] = typer.Option(None, "--save", help="Write the plan as JSON here."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write the frontier (memory vs time) as a PNG here."),
     json_out: bool = typer.Option(False, "--json", help="Print the Plan as versioned JSON."),
@@ -353,7 +358,8 @@ def plan(
     _output_file(plot, "the picture")
     with _running("planning"):
         w = _load(workload, None, precision)
-        calibration = None
+        # the patch search is decided by memory alone: by default it does not spend GPU time on a speed model
+        calibration: CalibrationChoice = "roofline" if calibrate is False or (calibrate is None and patch) else "auto"
         if calibrate:
             from memfit.speed.step_time import calibrate as run_calibration
 

@@ -11,7 +11,8 @@ Example (not run here: it needs ``pip install 'memfit[integrations]'``)::
 ``plan_training_arguments`` plans the model's step (its ``loss`` output, the optimizer ``args.optim`` names, the
 precision of ``args``) for the effective batch ``per_device_train_batch_size × gradient_accumulation_steps`` and
 returns ``args`` updated with ``dataclasses.replace``: the micro-batch, the accumulation, gradient checkpointing,
-the fused AdamW, and bf16 only with ``allow_precision_change``.
+the fused AdamW, and bf16 only with ``allow_precision_change``; where the plan chose the chunked cross-entropy
+(a causal LM whose logits dominate), it is swapped into ``model`` in place.
 
 ``MemfitTrainer`` overrides ``training_step``: a micro-batch that runs out of memory (in forward, loss or
 backward) rolls the accumulation window back and runs it again with the inputs split along the batch dimension
@@ -40,8 +41,11 @@ from memfit.guard import microbatch
 from memfit.guard.agreement import reduce_gradients
 from memfit.integrations.module_workload import batch_factory, meta_copy, model_factory
 from memfit.integrations.window import WindowGuard
-from memfit.plan.search import DEFAULT_MARGIN, Plan, plan
+from memfit.plan.records import Plan
+from memfit.plan.search import DEFAULT_MARGIN, plan
+from memfit.speed.model_choice import per_rank_choice
 from memfit.units import format_bytes, parse_bytes
+from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.spec import Precision, Workload
 
 try:
@@ -107,7 +111,8 @@ def workload_from_model(model: torch.nn.Module, args: Any, batch: Mapping[str, A
     )
 
 
-def training_arguments_for(chosen: Plan, args: Any, *, trained_precision: Precision | None = None) -> tuple[Any, str]:
+def training_arguments_for(chosen: Plan, args: Any, *, trained_precision: Precision | None = None,
+                           model: torch.nn.Module | None = None) -> tuple[Any, str]:
     """``args`` updated to run ``chosen`` (``dataclasses.replace``), and what changed, in words.
 
     Args:
@@ -115,6 +120,9 @@ def training_arguments_for(chosen: Plan, args: Any, *, trained_precision: Precis
         args: The ``TrainingArguments`` to update; they are not modified.
         trained_precision: The precision ``args`` trains in (default: read from ``args``); bf16/fp16 are set only
             where the plan chose another precision, which it does only with ``allow_precision_change``.
+        model: The model the Trainer trains. Where the plan chose the chunked cross-entropy (no
+            ``TrainingArguments`` field says it), it is swapped into this model in place
+            (``use_chunked_cross_entropy``); without a model the summary says to do it.
 
     Example:
         ``args, summary = training_arguments_for(memfit.plan(workload, budget_bytes=24 << 30), args)``
@@ -151,6 +159,14 @@ def training_arguments_for(chosen: Plan, args: Any, *, trained_precision: Precis
     if config.precision != before:
         changes["bf16" if config.precision == "bf16" else "fp16"] = True
         lines.append(f"  {config.precision} autocast -> on (allowed by allow_precision_change)")
+    if config.loss_impl == "chunked":
+        if model is not None:
+            use_chunked_cross_entropy(model)
+            lines.append("  loss -> chunked cross-entropy, swapped into the model (no full logits; the loss is the "
+                         "same and outputs.logits is None)")
+        else:
+            lines.append("  call memfit.workload.chunked_cross_entropy.use_chunked_cross_entropy(model) before "
+                         "training: the plan's memory assumes the chunked cross-entropy")
     if config.expandable_segments:
         lines.append("  set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts")
     return dataclasses.replace(args, **changes), "\n".join(lines)
@@ -189,8 +205,8 @@ def plan_training_arguments(
     workload = workload_from_model(model, args, batch)
     chosen = plan(workload, budget_bytes=budget_bytes, effective_batch=effective,
                   gpu=gpu if gpu is not None else detect_gpu(), allow_precision_change=allow_precision_change,
-                  margin=margin)
-    return training_arguments_for(chosen, args, trained_precision=workload.precision)
+                  margin=margin, calibration=per_rank_choice(int(getattr(args, "world_size", 1))))
+    return training_arguments_for(chosen, args, trained_precision=workload.precision, model=model)
 
 
 # ------------------------------------------------------------------------------------------------- the guard

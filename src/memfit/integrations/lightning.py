@@ -53,8 +53,11 @@ from memfit.guard.agreement import reduce_gradients
 from memfit.integrations.module_workload import batch_factory, meta_copy, model_factory
 from memfit.integrations.oom_report import oom_report
 from memfit.integrations.window import WindowGuard
-from memfit.plan.search import DEFAULT_MARGIN, Plan, plan
+from memfit.plan.records import Plan
+from memfit.plan.search import DEFAULT_MARGIN, plan
+from memfit.speed.model_choice import per_rank_choice
 from memfit.units import format_bytes, parse_bytes
+from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, optimizer_impls_for
 from memfit.workload.spec import Precision, Workload
 
@@ -416,7 +419,8 @@ class MemfitCallbackBase:
             gpu = detect_gpu()
         assert self.budget_bytes is not None  # only called with a budget
         chosen = plan(workload, budget_bytes=self.budget_bytes, effective_batch=effective, gpu=gpu,
-                      allow_precision_change=self.allow_precision_change, margin=self.margin)
+                      allow_precision_change=self.allow_precision_change, margin=self.margin,
+                      calibration=per_rank_choice(int(trainer.world_size)))
         logger.info("memfit plan for %s under %s: %s (predicted %s)", workload.name,
                     format_bytes(self.budget_bytes), chosen.chosen.config.label(),
                     format_bytes(chosen.chosen.device_bytes))
@@ -430,6 +434,8 @@ class MemfitCallbackBase:
         trainer.accumulate_grad_batches = config.accumulation_steps
         if config.checkpoint:
             apply_checkpointing(pl_module, config.checkpoint)
+        if config.loss_impl == "chunked":  # offered only where the module itself is shaped like a causal LM
+            use_chunked_cross_entropy(pl_module)
         if config.optimizer_impl != "default":
             for optimizer in trainer.optimizers:
                 if not _set_optimizer_impl_in_place(optimizer, config.optimizer_impl):

@@ -11,9 +11,9 @@ from memfit._lazy import load_export as _load_export
 
 _EXPORTS: dict[str, str] = {
     "plan": "memfit.plan.search",
-    "Plan": "memfit.plan.search",
-    "Candidate": "memfit.plan.search",
-    "Config": "memfit.plan.search",
+    "Plan": "memfit.plan.records",
+    "Candidate": "memfit.plan.records",
+    "Config": "memfit.plan.records",
     "plan_patch": "memfit.plan.patch",
     "patch_ladder": "memfit.plan.patch",
 }
@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
     from memfit.plan.patch import patch_ladder as patch_ladder
     from memfit.plan.patch import plan_patch as plan_patch
-    from memfit.plan.search import Candidate as Candidate
-    from memfit.plan.search import Config as Config
-    from memfit.plan.search import Plan as Plan
+    from memfit.plan.records import Candidate as Candidate
+    from memfit.plan.records import Config as Config
+    from memfit.plan.records import Plan as Plan
     from memfit.plan.search import plan as plan

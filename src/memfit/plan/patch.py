@@ -11,21 +11,14 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate
-from memfit.plan.search import (
-    DEFAULT_MARGIN,
-    Candidate,
-    Config,
-    Plan,
-    Search,
-    check_budget,
-    verified,
-)
+from memfit.plan.records import Candidate, Config, Plan
+from memfit.plan.search import DEFAULT_MARGIN, Search, check_budget, verified
+from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
 from memfit.units import format_bytes
 from memfit.workload.spec import Workload
 
@@ -57,7 +50,7 @@ def plan_patch(
     gpu: str | GpuSpec | None = None,
     allocator: AllocatorConfig | None = None,
     margin: float = DEFAULT_MARGIN,
-    calibration: Any = None,
+    calibration: CalibrationChoice = "roofline",
     min_batch: int = 2,
 ) -> Plan:
     """The largest input patch (on ``patch_ladder`` from ``workload.patch_size``) whose step fits the budget at
@@ -67,6 +60,9 @@ def plan_patch(
     another needs no more). The line through two estimates (memory in voxels) only picks which rung to estimate
     next, so the chosen patch is the first from the top that fits, and every larger rung was estimated not to fit
     or lies above one whose floor is over the budget.
+
+    Speed decides nothing here (the largest patch that fits is the answer), so ``calibration`` defaults to the
+    roofline, which only annotates the candidates' step times; ``"auto"`` or a ``Calibration`` as for ``plan``.
     """
     started = time.perf_counter()
     check_budget(budget_bytes, margin)
@@ -82,7 +78,8 @@ def plan_patch(
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     config = allocator if allocator is not None else AllocatorConfig.from_env()
     limit = int(budget_bytes * (1 - margin))
-    search = Search(workload, spec, config, limit, batch, calibration, False)
+    speed = choose_speed_model(workload, spec, calibration, effective_batch=batch)
+    search = Search(workload, spec, config, limit, batch, speed.calibration, False)
     ladder = patch_ladder(workload.patch_size, multiple)
     base = Config(micro_batch=batch, accumulation_steps=1, precision=workload.precision,
                   checkpoint=workload.checkpoint, optimizer_impl=workload.optimizer_impl,
@@ -120,8 +117,8 @@ def plan_patch(
     return Plan(
         workload=workload.name, gpu=spec.name, budget_bytes=budget_bytes, margin=margin, effective_batch=batch,
         chosen=chosen, frontier=scored, considered=len(scored), estimates=search.runs,
-        speed_model="calibrated" if calibration is not None else "roofline",
-        notes=[f"largest patch on the ladder from {'×'.join(map(str, workload.patch_size))} that fits at batch "
+        speed_model=speed.name,
+        notes=[speed.reason, f"largest patch on the ladder from {'×'.join(map(str, workload.patch_size))} that fits at batch "
                f"{batch}"],
         elapsed_s=time.perf_counter() - started,
     )

@@ -2,304 +2,40 @@
 
 The search turns the knobs that keep the training mathematics (micro-batch × gradient accumulation with the
 same effective batch, activation checkpointing of chosen blocks, the optimizer's implementation, channels_last,
-expandable segments) and, only when allowed, the precision. Memory comes from ``estimate()``: a few estimates
+expandable segments, the chunked cross-entropy of a causal LM) and, only when allowed, the precision. Memory comes from ``estimate()``: a few estimates
 per structure give a line ``fits_in(micro_batch)``, and every configuration the plan can choose is verified by
 an estimate of exactly that configuration before it is chosen. Speed comes from ``memfit.speed.step_time``: a roofline of
-the traced ops, or its calibration on this machine's GPU.
+the traced ops, or its calibration on this machine's GPU. What it returns (``Config``, ``Candidate``, ``Plan``)
+is in ``memfit.plan.records``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
+import itertools
 import math
-import os
 import time
-import types
-import typing
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
-from memfit._io import check_output_path, write_atomic
 from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.bound import BASE_MARGIN
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
-from memfit.guard.step import TrainStep
-from memfit.records import JsonRecord
+from memfit.plan.records import Candidate, Config, Plan
+from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
-from memfit.workload.knobs import (
-    ModelFacts,
-    apply_checkpointing,
-    checkpoint_choices,
-    model_facts,
-    set_optimizer_impl,
-)
-from memfit.workload.spec import OPTIMIZER_IMPLS, PRECISIONS, OptimizerImpl, Precision, Workload
+from memfit.workload.knobs import ModelFacts, checkpoint_choices, model_facts
+from memfit.workload.spec import LossImpl, OptimizerImpl, Precision, Workload
 
-logger = logging.getLogger(__name__)
-
-SCHEMA = 1
 DEFAULT_MARGIN = 0.02
 """The plan keeps ``device_bytes <= budget × (1 - margin)``. On top of the estimator's own 1.5 % placement
 margin (``memfit.estimate.predict.FITS_IN_MARGIN``), it absorbs the estimator's measured error (peak allocated within
 2.1 %, benchmarks/results/estimate/estimate_accuracy_h200_torch2.11_20261126.md)."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class Config:
-    """One training configuration: what ``Workload.replace`` and the guarded step need to run it."""
-
-    micro_batch: int
-    accumulation_steps: int
-    precision: Precision
-    checkpoint: tuple[str, ...] = ()
-    optimizer_impl: OptimizerImpl = "default"
-    channels_last: bool = False
-    expandable_segments: bool = False
-    patch_size: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("micro_batch", "accumulation_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"Config.{name} must be a positive integer, got {value!r}.")
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"Config.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
-        if self.optimizer_impl not in OPTIMIZER_IMPLS:
-            raise UsageError(f"Config.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, "
-                             f"got {self.optimizer_impl!r}.")
-        if self.patch_size is not None and not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.patch_size
-        ):
-            raise UsageError(f"Config.patch_size must be positive integers, got {self.patch_size!r}.")
-
-    @property
-    def effective_batch(self) -> int:
-        return self.micro_batch * self.accumulation_steps
-
-    def changes(self) -> dict[str, Any]:
-        """The ``Workload`` fields this configuration sets."""
-        out: dict[str, Any] = {
-            "batch_size": self.micro_batch,
-            "accumulation_steps": self.accumulation_steps,
-            "precision": self.precision,
-            "checkpoint": self.checkpoint,
-            "optimizer_impl": self.optimizer_impl,
-            "channels_last": self.channels_last,
-        }
-        if self.patch_size is not None:
-            out["patch_size"] = self.patch_size
-        return out
-
-    def label(self) -> str:
-        parts = [f"micro-batch {self.micro_batch} × {self.accumulation_steps}", self.precision]
-        if self.checkpoint:
-            parts.append(f"checkpoint {len(self.checkpoint)} blocks")
-        if self.optimizer_impl != "default":
-            parts.append(f"{self.optimizer_impl} optimizer")
-        if self.channels_last:
-            parts.append("channels_last")
-        if self.expandable_segments:
-            parts.append("expandable_segments")
-        if self.patch_size is not None:
-            parts.append("patch " + "×".join(map(str, self.patch_size)))
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A configuration with its predicted memory and speed."""
-
-    config: Config
-    device_bytes: int
-    """The predicted upper bound on the cap (``Estimate.fits_in_upper_bytes``) + CUDA context: what "fits" is
-    decided with."""
-    fits_in_bytes: int
-    step_time_s: float | None
-    """Predicted time of one optimizer step (all micro-batches); None without a speed model."""
-    samples_per_s: float | None
-    verified: bool
-    """True: memory from an estimate of exactly this configuration; False: from the line through two others."""
-    fits: bool
-    """``device_bytes <= budget × (1 - margin)``."""
-
-
-@dataclass(frozen=True)
-class Plan(JsonRecord):
-    """The chosen configuration and the frontier of alternatives (memory vs step time)."""
-
-    _schema: ClassVar[int] = SCHEMA
-
-    workload: str
-    gpu: str
-    budget_bytes: int
-    margin: float
-    effective_batch: int
-    chosen: Candidate
-    frontier: list[Candidate]
-    """Pareto-optimal candidates: none is both smaller and faster than another, by memory. For a patch plan:
-    the patches estimated, largest first."""
-    considered: int
-    """Configurations scored."""
-    estimates: int
-    """Estimator runs (traces) the search made."""
-    speed_model: str
-    """``roofline`` or ``calibrated`` (timed on this machine's GPU), or ``none``."""
-    notes: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    schema: int = SCHEMA
-
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the plan as versioned JSON, atomically: on any failure the file at ``path`` is left as it was.
-
-        Raises:
-            UsageError: ``path`` is a directory or in a folder that does not exist, or the write failed (a full
-                disk); the message names the path.
-        """
-        return write_atomic(check_output_path(path, "the plan"), self.to_json(indent=2), what="the plan")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Plan:
-        """Read a plan written by ``save`` (plain JSON; nothing is unpickled).
-
-        Raises:
-            UsageError: the file is missing, unreadable, not JSON, or not a plan of this schema (every field is
-                checked: its presence, its type, its range).
-        """
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UsageError(f"plan file not found: {path}.") from None
-        except IsADirectoryError:
-            raise UsageError(f"cannot read the plan {path}: it is a directory. Name the .json file.") from None
-        except OSError as exc:
-            raise UsageError(f"cannot read the plan {path}: {exc.strerror or exc}.") from None
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"cannot read the plan {path}: not UTF-8 text ({exc.reason} at byte {exc.start}). "
-                             "Re-run `memfit plan ... --save`.") from None
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"cannot read the plan {path}: not JSON ({exc.msg}, line {exc.lineno}). "
-                             "Re-run `memfit plan ... --save`.") from None
-        except RecursionError:
-            raise UsageError(f"cannot read the plan {path}: its JSON nests too deeply to be a plan.") from None
-        try:
-            return cls.from_dict(data)
-        except UsageError as exc:
-            raise UsageError(f"{path} is not a memfit plan: {exc}") from None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
-        """The plan of a ``to_dict()``, every field checked.
-
-        Raises:
-            UsageError: one line naming the first field that is missing, extra, of the wrong type or out of range.
-        """
-        if not isinstance(data, dict):
-            raise UsageError(f"a plan is a JSON object, got {_json_kind(data)}. Re-run `memfit plan ... --save`.")
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"plan schema {data.get('schema')!r} is not {SCHEMA}: re-run `memfit plan`.")
-        plan = _decode(cls, data, "plan")
-        if not 0 <= plan.margin < 0.5 or plan.budget_bytes <= 0 or plan.effective_batch < 1:
-            raise UsageError(f"plan.margin, budget_bytes or effective_batch out of range ({plan.margin!r}, "
-                             f"{plan.budget_bytes!r}, {plan.effective_batch!r}). Re-run `memfit plan ... --save`.")
-        return plan
-
-    def workload_for(self, workload: Workload) -> Workload:
-        """``workload`` configured as planned (estimate or measure it to check)."""
-        return workload.replace(**self.chosen.config.changes())
-
-    def apply(self, model: Any, optimizer: Any, loss_fn: Any, **train_step_kwargs: Any) -> Any:
-        """Configure the guarded step as planned: checkpoint wrappers, optimizer implementation, memory format,
-        precision and micro-batch size. Returns a ``memfit.TrainStep``; its ``optimizer`` is the one to use.
-
-        Feed it batches of ``effective_batch`` samples; it runs them as ``accumulation_steps`` micro-batches.
-        """
-        import torch
-
-        c = self.chosen.config
-        if c.checkpoint:
-            apply_checkpointing(model, c.checkpoint)
-        if c.channels_last:  # .to keeps the Parameter objects, so the optimizer still holds them
-            is_3d = any(p.dim() == 5 for p in model.parameters())
-            model.to(memory_format=torch.channels_last_3d if is_3d else torch.channels_last)
-        optimizer = set_optimizer_impl(optimizer, c.optimizer_impl)
-        if c.expandable_segments:
-            _enable_expandable_segments()
-        return TrainStep(
-            model, optimizer, loss_fn, precision=c.precision, micro_batch_size=c.micro_batch, **train_step_kwargs
-        )
-
-
-def _json_kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _decode(tp: Any, value: Any, where: str) -> Any:
-    """``value`` (parsed JSON) as the type ``tp`` of a results dataclass field, or a UsageError naming ``where``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, dict):
-            raise UsageError(f"{where} must be an object, got {_json_kind(value)}.")
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
-        extra = sorted(set(value) - set(fields))
-        missing = sorted(n for n, f in fields.items() if n not in value and f.default is dataclasses.MISSING
-                         and f.default_factory is dataclasses.MISSING)
-        if extra or missing:
-            what = "; ".join(([f"missing {', '.join(missing)}"] if missing else [])
-                             + ([f"unknown {', '.join(map(str, extra))}"] if extra else []))
-            raise UsageError(f"{where} does not match this memfit's plan format ({what}). Re-run `memfit plan`.")
-        return tp(**{k: _decode(hints[k], v, f"{where}.{k}") for k, v in value.items()})
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        return _decode(next(a for a in args if a is not type(None)), value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise UsageError(f"{where} must be a list, got {_json_kind(value)}.")
-        return [_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise UsageError(f"{where} must be a list, got {_json_kind(value)}.")
-        return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin is dict or tp is Any:
-        return value
-    if origin is typing.Literal:  # a fixed vocabulary (precision, optimizer implementation): one of its words
-        if value not in args:
-            raise UsageError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}.")
-        return value
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-          str: lambda v: isinstance(v, str)}[tp]
-    if not ok(value):
-        raise UsageError(f"{where} must be {_json_kind(tp())}, got {value!r:.60}.")
-    return float(value) if tp is float else value
-
-
-def _enable_expandable_segments() -> None:
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        logger.warning(
-            "the plan uses expandable_segments, but CUDA is already initialised; set "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts."
-        )
-        return
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "expandable_segments" not in conf:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(filter(None, [conf, "expandable_segments:True"]))
-
-
-# ------------------------------------------------------------------------------------------------- search
 
 _FB_PHASES = ("forward", "loss", "backward")
 
@@ -312,12 +48,13 @@ class _Structure:
     checkpoint: tuple[str, ...] = ()
     optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
+    loss_impl: LossImpl = "default"
 
     def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
         return Config(
             micro_batch=micro, accumulation_steps=effective // micro, precision=self.precision,
             checkpoint=self.checkpoint, optimizer_impl=self.optimizer_impl, channels_last=self.channels_last,
-            expandable_segments=expandable,
+            expandable_segments=expandable, loss_impl=self.loss_impl,
         )
 
 
@@ -344,6 +81,8 @@ class Search:
         self._floors: dict[int, int] = {}  # by id() of the trace, which self.traces keeps alive
         self.facts: ModelFacts | None = None
         """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
+        self.notes: list[str] = []
+        """What the plan says about knobs the search could not try."""
 
     def estimate(self, config: Config) -> Estimate:
         if config not in self.estimates:
@@ -390,7 +129,9 @@ class Search:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
         configuration that does no more work. Those are the same configuration with a micro-batch at least as large
         (the same samples in fewer micro-batches: the same FLOPs with fewer kernel launches, dispatches and weight
-        reads) or with a subset of its checkpointed blocks (less recompute). Each such prediction comes from its own
+        reads), with a subset of its checkpointed blocks (less recompute), or, for the chunked cross-entropy, with
+        the default loss (the chunked loss runs the same ops over chunks of tokens, more kernel launches, and one
+        more output-layer matmul to recompute each chunk's logits in backward). Each such prediction comes from its own
         traces (``raw_step_time``), and traces of two structures differ in ways the roofline prices without
         physics (a checkpointed block's first forward runs without autograd recording, so the roofline can price
         it below the plain forward); the largest of them is the prediction. Precision, the optimizer's
@@ -401,12 +142,14 @@ class Search:
         if own is None:
             return None
         (key, patch), eff = _structure(config), config.effective_batch
-        fewer = {c.checkpoint for c in self.estimates
-                 if set(c.checkpoint) <= set(config.checkpoint)
-                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint)) == (key, patch)}
-        others = (self.raw_step_time(dataclasses.replace(config, checkpoint=blocks, micro_batch=m,
+        losses = {"default", config.loss_impl}  # the default loss does no more work than the chunked one
+        fewer = {(c.checkpoint, c.loss_impl) for c in self.estimates
+                 if set(c.checkpoint) <= set(config.checkpoint) and c.loss_impl in losses
+                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint, loss_impl=config.loss_impl))
+                 == (key, patch)}
+        others = (self.raw_step_time(dataclasses.replace(config, checkpoint=blocks, loss_impl=loss, micro_batch=m,
                                                          accumulation_steps=eff // m))
-                  for blocks in fewer for m in divisors(eff) if m >= config.micro_batch)
+                  for blocks, loss in fewer for m in divisors(eff) if m >= config.micro_batch)
         return max([own, *(t for t in others if t is not None)])
 
     def raw_step_time(self, config: Config) -> float | None:
@@ -460,7 +203,7 @@ def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
 
 
 def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
-    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last), c.patch_size
+    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last, c.loss_impl), c.patch_size
 
 
 @dataclass
@@ -487,7 +230,7 @@ def plan(
     allocator: AllocatorConfig | None = None,
     margin: float = DEFAULT_MARGIN,
     allow_precision_change: bool = False,
-    calibration: Calibration | None = None,
+    calibration: CalibrationChoice = "auto",
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -501,7 +244,10 @@ def plan(
         allocator: caching-allocator settings; default ``PYTORCH_CUDA_ALLOC_CONF`` from the environment.
         margin: the plan keeps ``device_bytes <= budget_bytes × (1 - margin)``.
         allow_precision_change: also consider bf16 autocast (changes numerics).
-        calibration: a ``memfit.speed.step_time.Calibration`` timed on the GPU; None uses the roofline.
+        calibration: the speed model that ranks the configurations. ``"auto"``: calibrated (a few micro-batches
+            timed, seconds) when CUDA is available and this machine's GPU is ``gpu``, else the roofline;
+            ``"roofline"`` (or None): never time anything; a ``memfit.speed.step_time.Calibration``: that one.
+            The plan's ``speed_model`` and its first note say which and why (``memfit.speed.model_choice``).
 
     Raises:
         BudgetTooSmallError: nothing fits; the message gives the smallest configuration found and its need.
@@ -521,10 +267,12 @@ def plan(
     check_budget(budget_bytes, margin)
     limit = int(budget_bytes * (1 - margin))
     workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
-    search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
+    speed = choose_speed_model(workload, spec, calibration, effective_batch=eff)
+    search = Search(workload, spec, config, limit, eff, speed.calibration, allow_precision_change)
     structures, models = _memory_models(search)
     configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
     chosen, notes = _walk(search, configs, models)
+    notes = [speed.reason, *search.notes, *notes]
     scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)]
     if chosen is None:
         # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
@@ -553,7 +301,7 @@ def plan(
         frontier=frontier,
         considered=len(scored),
         estimates=search.runs,
-        speed_model="calibrated" if calibration is not None else "roofline",
+        speed_model=speed.name,
         notes=notes,
         elapsed_s=time.perf_counter() - started,
     )
@@ -569,7 +317,7 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     """Estimate exactly the configurations most likely to need the least memory; the fastest that fits (or None)
     and the smallest.
 
-    For each precision the search has: micro-batch 1 and the whole effective batch at once (no accumulation, so
+    For each precision and loss the search has: micro-batch 1 and the whole effective batch at once (no accumulation, so
     no gradients alive in forward), each without checkpointing and with every block checkpointed; then the
     smallest of those with every optimizer implementation the optimizer has. Each is also tried with expandable
     segments when fragmentation is what keeps it out. The memory format stays the workload's: channels_last is a
@@ -579,10 +327,10 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     eff = search.effective
     full = tuple(facts.blocks) if facts is not None else ()
     configs = []
-    for precision, impl in dict.fromkeys((s.precision, s.optimizer_impl) for s in structures):
+    for precision, impl, loss in dict.fromkeys((s.precision, s.optimizer_impl, s.loss_impl) for s in structures):
         for checkpoint in dict.fromkeys(((), full)):
             for micro in dict.fromkeys((1, eff)):
-                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last)
+                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last, loss)
                 configs.append(structure.config(micro, eff))
     found = [verified(search, c) for c in configs]
     smallest = min(found, key=lambda c: c.device_bytes)
@@ -616,6 +364,9 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     (both run with accumulation, so the gradients are alive in forward, as in every plan but the one without
     accumulation), then each checkpointing choice at the larger size. The optimizer is fused where the optimizer
     supports it: fused needs no temporaries and launches the fewest kernels, so it dominates foreach and for-loop.
+    Each structure is tried with every loss the model takes (``ModelFacts.loss_impls``: the chunked cross-entropy
+    where memfit finds a causal LM's output layer); a loss other than the workload's whose trace fails (a loss
+    function that reads the logits the chunked loss never makes) is left out, with a note.
     """
     w, eff = search.workload, search.effective
     facts = search.facts = model_facts(w)
@@ -628,25 +379,35 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     b_mid = max(d for d in divisors(eff) if d <= max(1, eff // 2))
     structures: list[_Structure] = []
     models: dict[_Structure, _MemoryModel] = {}
-    for precision in precisions:
-        for channels_last in formats:
-            base = _Structure(precision, (), opt, channels_last)
+    losses: list[LossImpl] = list(dict.fromkeys([w.loss_impl, *facts.loss_impls]))
+    for precision, channels_last, loss in itertools.product(precisions, formats, losses):
+        base = _Structure(precision, (), opt, channels_last, loss)
+        try:
             lo = search.estimate(base.config(b_lo, eff))
             mid = search.estimate(base.config(b_mid, eff))
-            fb_lo, other_lo = _phase_peaks(lo)
-            fb_mid, other_mid = _phase_peaks(mid)
-            span = max(b_mid - b_lo, 1)
-            models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
-                                        mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
-            structures.append(base)
-            for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
-                s = dataclasses.replace(base, checkpoint=blocks)
-                e = search.estimate(s.config(b_mid, eff))
-                fb, other = _phase_peaks(e)
-                # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
-                models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
-                                         e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
-                structures.append(s)
+        except Exception as exc:  # noqa: BLE001 - any failure of the other loss only rules that knob out
+            if loss == w.loss_impl:  # the workload as given: its errors are the user's to see
+                raise
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            note = (f"the {loss} loss was not tried: tracing it failed ({type(exc).__name__}: {first:.200}); the "
+                    "loss function must take the model's loss (out.loss), as the chunked loss makes no logits")
+            if note not in search.notes:
+                search.notes.append(note)
+            continue
+        fb_lo, other_lo = _phase_peaks(lo)
+        fb_mid, other_mid = _phase_peaks(mid)
+        span = max(b_mid - b_lo, 1)
+        models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
+                                    mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
+        structures.append(base)
+        for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
+            s = dataclasses.replace(base, checkpoint=blocks)
+            e = search.estimate(s.config(b_mid, eff))
+            fb, other = _phase_peaks(e)
+            # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
+            models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
+                                     e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
+            structures.append(s)
     return structures, models
 
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from memfit.estimate.predict import Estimate
     from memfit.explain.explanation import Explanation, Fix
     from memfit.explain.fixes import TrainingChange
-    from memfit.plan.search import Plan
+    from memfit.plan.records import Plan
 
 # Tableau 10: distinguishable with the common colour-vision deficiencies, and print well in grey
 CATEGORY_COLORS = {

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from memfit.explain.explanation import Explanation
     from memfit.explain.fixes import TrainingChange
     from memfit.explain.oom_diagnosis import OomDiagnosis
-    from memfit.plan.search import Plan
+    from memfit.plan.records import Plan
 
 
 

@@ -15,6 +15,8 @@ _EXPORTS: dict[str, str] = {
     "SpeedParams": "memfit.speed.step_time",
     "SpeedPrediction": "memfit.speed.step_time",
     "Calibration": "memfit.speed.step_time",
+    "choose_speed_model": "memfit.speed.model_choice",
+    "SpeedModel": "memfit.speed.model_choice",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -25,6 +27,8 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and IDEs see
+    from memfit.speed.model_choice import SpeedModel as SpeedModel
+    from memfit.speed.model_choice import choose_speed_model as choose_speed_model
     from memfit.speed.step_time import Calibration as Calibration
     from memfit.speed.step_time import SpeedParams as SpeedParams
     from memfit.speed.step_time import SpeedPrediction as SpeedPrediction
