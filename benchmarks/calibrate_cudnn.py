@@ -74,6 +74,17 @@ def conv_large_rows() -> list[dict]:
     return [r for r in rows if r]
 
 
+def conv_3d_xl_rows() -> list[dict]:
+    """3-D convolutions beyond conv_large's 128 per axis (nnU-Net patches of 160-224), batch 1-2: does the rule
+    hold where the bound now widens for extrapolation?"""
+    rows = []
+    grid3d = [(1, 32, 3, 1, 1, False), (32, 32, 3, 1, 1, False), (32, 64, 3, 2, 1, False), (64, 32, 2, 2, 1, True),
+              (32, 3, 1, 1, 1, False)]
+    for (cin, cout, k, s, g, tr), dhw, n, dname in itertools.product(grid3d, (160, 192, 224), (1, 2), DTYPES):
+        rows.append(_conv_case(3, n, cin, cout, k, s, g, tr, dhw, dname))
+    return [r for r in rows if r]
+
+
 def conv_narrow_rows() -> list[dict]:
     """2-D convolutions with few channels on one side (a segmentation head's 1-8 classes, an input stem's 1-4
     channels), which tensor-core kernels do not tile: cuDNN may pick other algorithms, with other workspaces.
@@ -180,12 +191,13 @@ def rnn_rows() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
-    parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "lstm", "rnn"), help="measure one family only")
+    parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl", "lstm",
+                                                "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
     families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_narrow": conv_narrow_rows,
-                "conv_narrow_trigger": conv_narrow_trigger_rows, "lstm": lstm_rows,
+                "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)
