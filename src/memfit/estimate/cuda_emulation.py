@@ -266,8 +266,8 @@ class CudaSemantics:
         lib.impl("dropout", _cuda_dropout, "CompositeImplicitAutograd")
         lib.impl("scaled_dot_product_attention", _cuda_sdpa, "CompositeImplicitAutograd")
         # on CUDA, nn.LSTM/GRU/RNN run cuDNN's fused RNN whenever cuDNN takes the input (aten/src/ATen/native/RNN.cpp)
-        for op, mode in (("lstm", "LSTM"), ("gru", "GRU"), ("rnn_tanh", "RNN_TANH"), ("rnn_relu", "RNN_RELU")):
-            lib.impl(f"{op}.input", self.rnn.kernel(mode), "CompositeImplicitAutograd")
+        for rnn_op, mode in (("lstm", "LSTM"), ("gru", "GRU"), ("rnn_tanh", "RNN_TANH"), ("rnn_relu", "RNN_RELU")):
+            lib.impl(f"{rnn_op}.input", self.rnn.kernel(mode), "CompositeImplicitAutograd")
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
         self._saved_clear = torch.clear_autocast_cache
         saved, cache = self._saved_clear, self.cache

@@ -35,7 +35,7 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 # Reserve space per layer, in T*N*H*D elements: the gates' activations per step plus the layer's output, less the
 # last layer's output (that is ``output`` itself): k*L - 1 with k = 6 for an LSTM (4 gates, cell, output), 7 for a
-# GRU, 2 for a tanh/ReLU RNN. Measured to 0.5 % on 192 shapes, 1-3 layers, 1-2 directions, fp32 and bf16 (the bf16
+# GRU, 2 for a tanh/ReLU RNN. Within 4 % of the 20 MB+ calls of 192 shapes, 1-3 layers, 1-2 directions, fp32 and bf16 (the bf16
 # rows once the per-call weight copy is taken out): benchmarks/results/estimate/cudnn_calibration_rnn_h200_torch2.11_20261126.json
 RESERVE_PER_LAYER = {"LSTM": 6, "GRU": 7, "RNN_TANH": 2, "RNN_RELU": 2}
 
@@ -44,20 +44,24 @@ RESERVE_PER_LAYER = {"LSTM": 6, "GRU": 7, "RNN_TANH": 2, "RNN_RELU": 2}
 # the same, less the gradients it returns). It is 8 MiB per layer and direction, plus the weights' bytes, plus a
 # multiple of T*N*H (times the element size) that depends on the directions and the layers:
 _WORKSPACE_PER_LAYER_BYTES = 8 * MiB
-# T*N*H multiples at T=500 (at T=40 they are up to 0.5 higher; 1 layer vs 2-3 layers), the same for H=96 and H=384
-# in bf16 and for H=384 in fp32. A 3-layer bidirectional fp32 GRU over 1000 steps, H=256, I=64 (the issue-13 gap
-# case, benchmarks/results/estimate/gap_traces_h200_torch2.11_20261126.tar.gz) took 12.5 where this says 14.1.
-_WORKSPACE_TNH = {  # (directions, deep) -> {mode: multiple}
-    (1, False): {"LSTM": 6.0, "GRU": 6.0, "RNN_TANH": 6.0},
-    (1, True): {"LSTM": 5.2, "GRU": 5.2, "RNN_TANH": 5.2},
-    (2, False): {"LSTM": 15.1, "GRU": 13.1, "RNN_TANH": 12.1},
-    (2, True): {"LSTM": 15.2, "GRU": 14.1, "RNN_TANH": 14.1},
+# T*N*H multiples at T=500 (at T=40 up to 0.5 higher), the same for H=96 and H=384 in bf16 and for H=384 in fp32.
+# One direction: 6.0 for one layer, 5.15 for three, 5.58 for the issue-13 LSTM LM (2 layers, H=1024, I=512, fp32,
+# benchmarks/results/estimate/gap_traces_h200_torch2.11_20261126.tar.gz): linear in the layers, 6.43 - 0.43 L,
+# held at its 3-layer value beyond (no measurement there).
+# Two directions (one and three layers): the 3-layer bidirectional fp32 GRU over 1000 steps of the same traces
+# (H=256, I=64) took 12.5 where the grid (I=H=384) says 14.1.
+_WORKSPACE_TNH_ONE_DIRECTION = (6.425, -0.425)  # (at zero layers, per layer)
+_WORKSPACE_TNH_TWO_DIRECTIONS = {  # deep (2+ layers) -> {mode: multiple}
+    False: {"LSTM": 15.1, "GRU": 13.1, "RNN_TANH": 12.1},
+    True: {"LSTM": 15.2, "GRU": 14.1, "RNN_TANH": 14.1},
 }
-# fp32 with a small hidden size takes more: at H=96 the multiple is ~22 (LSTM), 20 (GRU), 15 (tanh) for one
-# direction and 31 / 26 / 21 for two, i.e. a floor of about that many elements per (t, n) over all H:
-_WORKSPACE_FP32_FLOOR = {
-    1: {"LSTM": 22 * 96, "GRU": 20 * 96, "RNN_TANH": 15 * 96},
-    2: {"LSTM": 31 * 96, "GRU": 26 * 96, "RNN_TANH": 21 * 96},
+# fp32 with a small hidden size takes more: the multiples measured at H=96 (and, for tanh, H=384), the sizes for which
+# PyTorch picks cuDNN's small-hidden persistent forward algorithm (RNN.cpp, use_rnn_persist_small_h: LSTM/GRU up to
+# 192, tanh/ReLU up to 384). bf16 rows show no such change.
+_SMALL_H = {"LSTM": 192, "GRU": 192, "RNN_TANH": 384}
+_WORKSPACE_TNH_FP32_SMALL_H = {
+    1: {"LSTM": 22.0, "GRU": 20.0, "RNN_TANH": 15.5},
+    2: {"LSTM": 31.0, "GRU": 26.0, "RNN_TANH": 21.0},
 }
 
 # PyTorch keeps one cuDNN dropout state per GPU for the whole process, "slightly over 2MB"
@@ -97,9 +101,13 @@ def rnn_weight_numel(s: RNNShape, bias: bool = True) -> int:
 def rnn_workspace_bytes(s: RNNShape, weight_bytes: int) -> int:
     """The workspace of one cuDNN RNN call (forward, backward data or backward weights)."""
     mode = "RNN_TANH" if s.mode == "RNN_RELU" else s.mode
-    multiple = _WORKSPACE_TNH[s.directions, s.layers > 1][mode] * s.hidden
-    if s.itemsize == 4:
-        multiple = max(multiple, _WORKSPACE_FP32_FLOOR[s.directions][mode])
+    if s.directions == 1:
+        base, per_layer = _WORKSPACE_TNH_ONE_DIRECTION
+        multiple = (base + per_layer * min(s.layers, 3)) * s.hidden  # no data beyond 3 layers: held there
+    else:
+        multiple = _WORKSPACE_TNH_TWO_DIRECTIONS[s.layers > 1][mode] * s.hidden
+    if s.itemsize == 4 and s.hidden <= _SMALL_H[mode]:
+        multiple = _WORKSPACE_TNH_FP32_SMALL_H[s.directions][mode] * s.hidden
     per_step = int(multiple * s.seq * s.batch) * s.itemsize
     return _WORKSPACE_PER_LAYER_BYTES * s.layers * s.directions + weight_bytes + per_step
 
