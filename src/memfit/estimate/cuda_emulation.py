@@ -11,6 +11,8 @@ kernels keep different tensors alive:
 * **Dropout.** CUDA's fused ``native_dropout`` saves a 1-byte mask; CPU's composite saves a float noise tensor.
 * **Attention.** CUDA's ``scaled_dot_product_attention`` runs a fused kernel (flash / memory-efficient) that
   saves the output and a log-sum-exp; CPU may pick the math path, which materialises B*H*L*L probabilities.
+* **RNNs.** CUDA runs ``nn.LSTM``/``GRU``/``RNN`` as one fused cuDNN call (``memfit.estimate.cudnn_rnn``); CPU runs
+  them cell by cell.
 
 Everything is scoped by a ``with`` block and undone on exit. Checked against the real AutocastCUDA kernels on fake
 CUDA tensors (research/feasibility.md section 4: forward peaks agree within 0.2 MiB on 6 workloads).
@@ -28,10 +30,7 @@ from typing import Any
 import torch
 
 from memfit import _torch_private as tp
-from memfit.estimate.workspaces import (
-    rnn_reserve_bytes,
-    rnn_transient_bytes,
-)
+from memfit.estimate.cudnn_rnn import RNNEmulation
 
 log = logging.getLogger(__name__)
 
@@ -238,63 +237,6 @@ def _fused_strides(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return qkv and (mask is None or mask.stride(-1) == 1)
 
 
-class _CudnnRNN(torch.autograd.Function):
-    """Allocates what cuDNN's fused RNN keeps: outputs, a reserve buffer for backward, and the transients of forward
-    and backward (memfit.estimate.workspaces has the measured rules). No arithmetic: shapes and lifetimes only.
-    ``cx`` is the LSTM's cell state, None for a GRU or a plain RNN."""
-
-    @staticmethod
-    def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None, mode: str, layers: int,
-                directions: int, batch_first: bool, *params: torch.Tensor) -> Any:
-        batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
-        hidden = hx.shape[-1]
-        out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
-        output = input.new_empty(out_shape)
-        itemsize = input.element_size()
-        workspace = input.new_empty(
-            rnn_transient_bytes(seq, batch, hidden, layers, directions, itemsize, mode, "forward"), dtype=torch.uint8
-        )
-        del workspace  # taken and given back inside the cuDNN call
-        reserve = input.new_empty(rnn_reserve_bytes(seq, batch, hidden, layers, directions, itemsize, mode),
-                                  dtype=torch.uint8)
-        ctx.save_for_backward(input, hx, output, reserve, *params)
-        ctx.dims, ctx.mode, ctx.has_cell = (seq, batch, hidden, layers, directions, itemsize), mode, cx is not None
-        if cx is None:
-            return output, hx.new_empty(hx.shape)
-        return output, hx.new_empty(hx.shape), cx.new_empty(cx.shape)
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor, grad_hy: torch.Tensor, *grad_cy: torch.Tensor) -> Any:
-        input, hx, output, reserve, *params = ctx.saved_tensors
-        seq, batch, hidden, layers, directions, itemsize = ctx.dims
-        workspace = input.new_empty(
-            rnn_transient_bytes(seq, batch, hidden, layers, directions, itemsize, ctx.mode, "backward"), dtype=torch.uint8
-        )
-        del workspace  # taken and given back inside the cuDNN call
-        grads = [p.new_empty(p.shape) for p in params]
-        grad_cx = hx.new_empty(hx.shape) if ctx.has_cell else None
-        return (input.new_empty(input.shape), hx.new_empty(hx.shape), grad_cx, None, None, None, None, *grads)
-
-
-# aten/src/ATen/native/RNN.cpp: on CUDA, nn.LSTM, nn.GRU and nn.RNN run cuDNN's fused RNN (_cudnn_rnn) whenever
-# cuDNN accepts the input; on CPU they run layer-by-layer cells, one dispatch per time step, with different
-# saved tensors (and a trace that is slow over long sequences).
-def _cuda_lstm(input: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor], has_biases: bool,
-               num_layers: int, dropout: float, train: bool, bidirectional: bool,
-               batch_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    directions = 2 if bidirectional else 1
-    return _CudnnRNN.apply(input, hx[0], hx[1], "LSTM", num_layers, directions, batch_first, *params)
-
-
-def _cuda_rnn(mode: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    def run(input: torch.Tensor, hx: torch.Tensor, params: list[torch.Tensor], has_biases: bool, num_layers: int,
-            dropout: float, train: bool, bidirectional: bool, batch_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        directions = 2 if bidirectional else 1
-        return _CudnnRNN.apply(input, hx, None, mode, num_layers, directions, batch_first, *params)
-
-    return run
-
-
 class CudaSemantics:
     """Context manager: while inside, CPU (fake) tensors allocate as CUDA kernels would.
 
@@ -305,6 +247,7 @@ class CudaSemantics:
 
     def __init__(self) -> None:
         self.cache = _CastCache()
+        self.rnn = RNNEmulation()
         self._override = tp.override_library("aten")
         self._saved_clear: Callable[[], None] | None = None
 
@@ -322,10 +265,9 @@ class CudaSemantics:
             lib.impl(name, tp.fallthrough_kernel, "AutocastCPU")
         lib.impl("dropout", _cuda_dropout, "CompositeImplicitAutograd")
         lib.impl("scaled_dot_product_attention", _cuda_sdpa, "CompositeImplicitAutograd")
-        lib.impl("lstm.input", _cuda_lstm, "CompositeImplicitAutograd")
-        lib.impl("gru.input", _cuda_rnn("GRU"), "CompositeImplicitAutograd")
-        lib.impl("rnn_tanh.input", _cuda_rnn("RNN_TANH"), "CompositeImplicitAutograd")
-        lib.impl("rnn_relu.input", _cuda_rnn("RNN_RELU"), "CompositeImplicitAutograd")
+        # on CUDA, nn.LSTM/GRU/RNN run cuDNN's fused RNN whenever cuDNN takes the input (aten/src/ATen/native/RNN.cpp)
+        for rnn_op, mode in (("lstm", "LSTM"), ("gru", "GRU"), ("rnn_tanh", "RNN_TANH"), ("rnn_relu", "RNN_RELU")):
+            lib.impl(f"{rnn_op}.input", self.rnn.kernel(mode), "CompositeImplicitAutograd")
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
         self._saved_clear = torch.clear_autocast_cache
         saved, cache = self._saved_clear, self.cache

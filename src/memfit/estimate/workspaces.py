@@ -7,14 +7,7 @@
   filter gradients), each with such a block. Measured on an H200, cuDNN 9.19, torch 2.11:
   ``benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json`` (360 convolution shapes, 2-D and
   3-D, fp32/bf16/fp16; the rule is within a few percent on the large ones, which are the ones that decide a peak).
-* **cuDNN RNNs.** The fused RNN keeps a reserve buffer for backward of T*N*H*D*(kL-1) elements: k = 6 for an
-  LSTM (4 gates + cell per layer and step, and the outputs of the L-1 inner layers), 7 for a GRU, 2 for a tanh or
-  ReLU RNN. Measured exactly (within 0.5 % on the large shapes) on a grid of 192 shapes, 1-3 layers, one and two
-  directions: ``benchmarks/results/estimate/cudnn_calibration_rnn_h200_torch2.11_20261126.json``. Forward and
-  backward take about (8 + 1.5L) such T*N*H*D blocks transiently (fitted on 48 LSTM shapes, the calibration file
-  above). GRU and tanh/ReLU RNN transients follow a power law in the shape fitted on the RNN grid's fp32 rows of
-  1 MB and more (within ±32 %; the issue-13 1000-step GRU, outside the grid, +28 % forward, +53 % backward), so
-  an RNN widens the upper bound.
+* **cuDNN RNNs** are sized in ``memfit.estimate.cudnn_rnn``.
 """
 
 from __future__ import annotations
@@ -98,26 +91,6 @@ def _narrow_3x3(input_shape: Sequence[int], weight_shape: Sequence[int], itemsiz
     return (itemsize == 2 and not transposed and groups == 1 and len(input_shape) == 4
             and tuple(weight_shape[2:]) == (3, 3) and all(s == 1 for s in stride)
             and all(d == 1 for d in dilation) and weight_shape[1] <= NARROW_DGRAD_MAX_CIN)
-
-
-RNN_RESERVE_PER_LAYER = {"LSTM": 6, "GRU": 7, "RNN_TANH": 2, "RNN_RELU": 2}
-
-
-def rnn_reserve_bytes(seq: int, batch: int, hidden: int, layers: int, directions: int, itemsize: int,
-                      mode: str = "LSTM") -> int:
-    """The cuDNN RNN reserve space kept from forward to backward."""
-    return seq * batch * hidden * directions * (RNN_RESERVE_PER_LAYER[mode] * layers - 1) * itemsize
-
-
-def lstm_reserve_bytes(seq: int, batch: int, hidden: int, layers: int, directions: int, itemsize: int) -> int:
-    """The cuDNN LSTM reserve space kept from forward to backward."""
-    return rnn_reserve_bytes(seq, batch, hidden, layers, directions, itemsize, "LSTM")
-
-
-def lstm_backward_transient_bytes(seq: int, batch: int, hidden: int, layers: int, directions: int,
-                                  itemsize: int) -> int:
-    """Transient bytes of the cuDNN LSTM backward (beyond the gradients it returns)."""
-    return int(seq * batch * hidden * directions * itemsize * (8 + 1.5 * layers))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -236,30 +209,3 @@ def attention_backward_bytes(query_bytes: int, batch_heads_len: int) -> int:
     """Fused (cuDNN/flash) attention backward: about two query-sized fp32-accumulation blocks plus a float
     per row. Matched ViT-B/16 (38.0 MiB) and GPT-2 (24.4 MiB) within 3 %."""
     return 2 * query_bytes + 4 * batch_heads_len
-
-
-def lstm_forward_transient_bytes(seq: int, batch: int, hidden: int, layers: int, directions: int,
-                                 itemsize: int) -> int:
-    """cuDNN LSTM forward workspace: measured equal to its backward transient (338.5 vs 339.0 MiB)."""
-    return lstm_backward_transient_bytes(seq, batch, hidden, layers, directions, itemsize)
-
-
-# ln(bytes) = c0 + c1 ln(T*N) + c2 ln(H) + c3 L + c4 ln(D), fp32, least squares in log space on the RNN grid
-# (benchmarks/results/estimate/cudnn_calibration_rnn_h200_torch2.11_20261126.json); other dtypes scale by size.
-_RNN_POWER_LAW = {
-    ("GRU", "forward"): (10.298, 0.641, 0.352, 0.226, 0.918),
-    ("GRU", "backward"): (9.907, 0.633, 0.472, 0.231, 0.884),
-    ("RNN_TANH", "forward"): (7.549, 0.741, 0.767, 0.190, 0.679),
-    ("RNN_TANH", "backward"): (9.275, 0.682, 0.485, 0.219, 0.912),
-}
-
-
-def rnn_transient_bytes(seq: int, batch: int, hidden: int, layers: int, directions: int, itemsize: int,
-                        mode: str, phase: str) -> int:
-    """Transient bytes of a cuDNN RNN call (``phase``: forward or backward): the LSTM rule for an LSTM, the
-    power law above for a GRU or a plain RNN (ReLU taken as tanh)."""
-    if mode == "LSTM":
-        return lstm_backward_transient_bytes(seq, batch, hidden, layers, directions, itemsize)
-    c0, c1, c2, c3, c4 = _RNN_POWER_LAW["GRU" if mode == "GRU" else "RNN_TANH", phase]
-    fp32 = math.exp(c0 + c1 * math.log(seq * batch) + c2 * math.log(hidden) + c3 * layers + c4 * math.log(directions))
-    return int(fp32 * itemsize / 4)
