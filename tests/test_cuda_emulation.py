@@ -108,3 +108,18 @@ def test_a_two_class_half_precision_head_charges_its_input_gradients_workspace_i
 
     assert largest_workspace(2) == 72 * 256 * 256 * (16 + 2) * 2
     assert largest_workspace(4) < 72 * 256 * 256 * (16 + 4) * 2 // 10
+
+
+def test_large_3d_pointwise_fp32_convolutions_take_a_workspace_in_backward():
+    # 3-D 1x1x1 fp32 convolutions ran backward without a workspace up to 80 per axis and with 1.03 x input + output
+    # at 160-224 (H200: cudnn_calibration_h200_* and cudnn_calibration_conv_3d_xl_h200_torch2.11_20261126.json)
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    def bwd(size: int, n: int = 1, backward: bool = True) -> int:
+        return conv_workspace_bytes((n, 32, size, size, size), (3, 32, 1, 1, 1), (n, 3, size, size, size),
+                                    itemsize=4, stride=(1, 1, 1), groups=1, transposed=False, half=False,
+                                    backward=backward)
+
+    for size, n, measured in ((160, 1, 590_906_368), (192, 2, 2_040_284_672), (224, 1, 1_619_575_808)):
+        assert abs(bwd(size, n) / measured - 1) < 0.01
+    assert bwd(80) == 0 and bwd(160, backward=False) == 0

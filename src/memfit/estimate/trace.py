@@ -416,7 +416,7 @@ class _Recorder(tp.TorchDispatchMode):
                 if t is not None:
                     self.track(t, name)
             if out[0] is not None or out[1] is not None:
-                layout = self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9])
+                layout = self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9], backward=True)
                 narrow = self._narrow_dgrad_workspace(args[1], args[2], args[4], args[6], args[7], args[9]) \
                     if out[0] is not None else 0
                 self._transient(max(layout, narrow))
@@ -473,7 +473,7 @@ class _Recorder(tp.TorchDispatchMode):
         return ws.narrow_dgrad_workspace_bytes(x.shape, w.shape, **shape)
 
     def _conv_workspace(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any, transposed: bool,
-                        groups: int) -> int:
+                        groups: int, *, backward: bool = False) -> int:
         spatial = max(x.shape[2:], default=0)
         if spatial > ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0) and "conv_workspace_extrapolated" not in self.trace.uncertain:
             where = self.module_stack[-1] if self.module_stack else "a convolution"
@@ -483,7 +483,7 @@ class _Recorder(tp.TorchDispatchMode):
             )
         return ws.conv_workspace_bytes(
             x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
-            transposed=transposed, half=x.element_size() == 2,
+            transposed=transposed, half=x.element_size() == 2, backward=backward,
         )
 
     def _transient(self, nbytes: int, op: str = "cudnn_workspace", *, optional: bool = True) -> None:
