@@ -199,7 +199,8 @@ class _Recorder(tp.TorchDispatchMode):
         self.silent = False
         """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
         self._finalizers: dict[int, Any] = {}
-        self._born_in_node: dict[int, Any] = {}  # key -> the autograd node that ran when a backward op made it
+        # key -> the autograd node (tp.autograd_node_key: a name, never the node) that ran when a backward op made it
+        self._born_in_node: dict[int, tuple[str, int] | None] = {}
         self.held_keys: list[int] = []
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
@@ -262,7 +263,7 @@ class _Recorder(tp.TorchDispatchMode):
         key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
         self._own(st, key)
         if self.phase == "backward":
-            self._born_in_node[key] = tp.current_autograd_node()
+            self._born_in_node[key] = tp.autograd_node_key(tp.current_autograd_node())
 
     def _own(self, storage: Any, key: int) -> None:
         """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
@@ -298,7 +299,8 @@ class _Recorder(tp.TorchDispatchMode):
         storage = old.untyped_storage()
         key = self._live.get(storage)
         node = tp.current_autograd_node()
-        if key is None or node is None or key not in self._born_in_node or self._born_in_node[key] is node:
+        if key is None or node is None or key not in self._born_in_node or (
+                self._born_in_node[key] == tp.autograd_node_key(node)):
             return False
         if not old.is_contiguous(memory_format=torch.channels_last) and not old.is_contiguous():
             return False
@@ -310,7 +312,7 @@ class _Recorder(tp.TorchDispatchMode):
         self._finalizers.pop(key).detach()
         del self._live[storage]
         self._own(out.untyped_storage(), key)
-        self._born_in_node[key] = node
+        self._born_in_node[key] = tp.autograd_node_key(node)
         return True
 
     def disown(self, storage: Any) -> None:
