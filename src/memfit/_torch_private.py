@@ -60,6 +60,7 @@ __all__ = [
     "WeakIdKeyDictionary",
     "all_op_names",
     "autograd_node_key",
+    "autograd_node_name",
     "current_autograd_node",
     "is_view",
     "load_fully_shard",
@@ -188,6 +189,11 @@ def no_dispatch_modes() -> Any:
 def current_autograd_node() -> Any:
     """The autograd node the engine is running on this thread, or None outside backward."""
     return torch._C._current_autograd_node()
+
+
+def autograd_node_name(node: Any) -> str | None:
+    """The class name of an autograd node (``CheckpointFunctionBackward``), or None for no node."""
+    return None if node is None else node.name()
 
 
 def autograd_node_key(node: Any) -> tuple[str, int] | None:

@@ -35,6 +35,7 @@ from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.library_paths import RealRunPaths
 from memfit.estimate.op_costs import OpCost, OpCounter
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
+from memfit.workload.selective_checkpoint import REGIONS as selective_regions
 from memfit.workload.spec import Workload
 from memfit.workload.user_errors import user_code_error
 
@@ -405,7 +406,11 @@ class _Recorder(tp.TorchDispatchMode):
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
-        self.costs.record(func, name, args, kwargs, out, recompute=recompute,
+        # reentrant checkpointing recomputes inside its own node's backward; non-reentrant inside whichever node
+        # unpacks a saved tensor first
+        reentrant = recompute and tp.autograd_node_name(tp.current_autograd_node()) == "CheckpointFunctionBackward"
+        self.costs.record(func, name, args, kwargs, out, recompute=recompute, reentrant=reentrant,
+                          selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
         if name == "convolution":
             self.track(out, name)
@@ -618,6 +623,8 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
         torch.nn.modules.module.register_module_forward_pre_hook(recorder.pre_forward),
         torch.nn.modules.module.register_module_forward_hook(recorder.post_forward),
     ]
+    # each selective recompute hands back the outputs its forward kept, unseen by the recorder: count them
+    selective_regions.on_recompute = recorder.costs.kept_outputs
     try:
         with fake_mode, recorder, CudaSemantics():
             try:
@@ -647,6 +654,7 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
                 _raise_blamed(exc, f"the training step ({recorder.phase}, step {recorder.step})", recorder)
             del model, optimizer, batch, scaler
     finally:
+        selective_regions.on_recompute = None
         for h in hooks:
             h.remove()
     recorder.closed = True
