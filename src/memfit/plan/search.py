@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from memfit._io import check_output_path, write_atomic
-from memfit.errors import BudgetTooSmallError, UsageError
+from memfit.errors import BudgetTooSmallError, MemfitError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.bound import BASE_MARGIN
 from memfit.estimate.gpus import GpuSpec, gpu_spec
@@ -40,7 +40,15 @@ from memfit.workload.knobs import (
     model_facts,
     set_optimizer_impl,
 )
-from memfit.workload.spec import OPTIMIZER_IMPLS, PRECISIONS, OptimizerImpl, Precision, Workload
+from memfit.workload.spec import (
+    CHECKPOINT_MODES,
+    OPTIMIZER_IMPLS,
+    PRECISIONS,
+    CheckpointMode,
+    OptimizerImpl,
+    Precision,
+    Workload,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,7 @@ class Config:
     channels_last: bool = False
     expandable_segments: bool = False
     patch_size: tuple[int, ...] | None = None
+    checkpoint_mode: CheckpointMode = "full"
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "accumulation_steps"):
@@ -74,6 +83,9 @@ class Config:
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise UsageError(f"Config.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, "
                              f"got {self.optimizer_impl!r}.")
+        if self.checkpoint_mode not in CHECKPOINT_MODES:
+            raise UsageError(f"Config.checkpoint_mode must be one of {', '.join(CHECKPOINT_MODES)}, "
+                             f"got {self.checkpoint_mode!r}.")
         if self.patch_size is not None and not all(
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.patch_size
         ):
@@ -90,6 +102,7 @@ class Config:
             "accumulation_steps": self.accumulation_steps,
             "precision": self.precision,
             "checkpoint": self.checkpoint,
+            "checkpoint_mode": self.checkpoint_mode,
             "optimizer_impl": self.optimizer_impl,
             "channels_last": self.channels_last,
         }
@@ -100,7 +113,8 @@ class Config:
     def label(self) -> str:
         parts = [f"micro-batch {self.micro_batch} × {self.accumulation_steps}", self.precision]
         if self.checkpoint:
-            parts.append(f"checkpoint {len(self.checkpoint)} blocks")
+            parts.append(f"checkpoint {len(self.checkpoint)} blocks"
+                         + ("" if self.checkpoint_mode == "full" else f" ({self.checkpoint_mode})"))
         if self.optimizer_impl != "default":
             parts.append(f"{self.optimizer_impl} optimizer")
         if self.channels_last:
@@ -225,7 +239,7 @@ class Plan(JsonRecord):
 
         c = self.chosen.config
         if c.checkpoint:
-            apply_checkpointing(model, c.checkpoint)
+            apply_checkpointing(model, c.checkpoint, c.checkpoint_mode)
         if c.channels_last:  # .to keeps the Parameter objects, so the optimizer still holds them
             is_3d = any(p.dim() == 5 for p in model.parameters())
             model.to(memory_format=torch.channels_last_3d if is_3d else torch.channels_last)
@@ -312,12 +326,14 @@ class _Structure:
     checkpoint: tuple[str, ...] = ()
     optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
+    checkpoint_mode: CheckpointMode = "full"
+    """How ``checkpoint`` runs; ``full`` when nothing is checkpointed, so that structure is one."""
 
     def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
         return Config(
             micro_batch=micro, accumulation_steps=effective // micro, precision=self.precision,
             checkpoint=self.checkpoint, optimizer_impl=self.optimizer_impl, channels_last=self.channels_last,
-            expandable_segments=expandable,
+            expandable_segments=expandable, checkpoint_mode=self.checkpoint_mode,
         )
 
 
@@ -332,8 +348,12 @@ class Search:
     """The estimates of one planning run, and the memory/speed models built from them."""
 
     def __init__(self, workload: Workload, gpu: GpuSpec, allocator: AllocatorConfig, limit_bytes: int,
-                 effective: int, calibration: Calibration | None, allow_precision_change: bool) -> None:
+                 effective: int, calibration: Calibration | None, allow_precision_change: bool,
+                 checkpoint_modes: tuple[CheckpointMode, ...] = CHECKPOINT_MODES) -> None:
         self.workload, self.gpu, self.allocator = workload, gpu, allocator
+        self.checkpoint_modes = checkpoint_modes
+        """How the chosen blocks may be checkpointed (``Workload.checkpoint_mode``)."""
+        self.notes: list[str] = []
         self.allow_precision_change = allow_precision_change
         self.limit_bytes, self.effective, self.calibration = limit_bytes, effective, calibration
         self.estimates: dict[Config, Estimate] = {}
@@ -390,7 +410,7 @@ class Search:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
         configuration that does no more work. Those are the same configuration with a micro-batch at least as large
         (the same samples in fewer micro-batches: the same FLOPs with fewer kernel launches, dispatches and weight
-        reads) or with a subset of its checkpointed blocks (less recompute). Each such prediction comes from its own
+        reads) or with a subset of its checkpointed blocks under the same checkpoint mode (less recompute). Each such prediction comes from its own
         traces (``raw_step_time``), and traces of two structures differ in ways the roofline prices without
         physics (a checkpointed block's first forward runs without autograd recording, so the roofline can price
         it below the plain forward); the largest of them is the prediction. Precision, the optimizer's
@@ -401,11 +421,17 @@ class Search:
         if own is None:
             return None
         (key, patch), eff = _structure(config), config.effective_batch
+        mode = config.checkpoint_mode
+        # fewer blocks under the same checkpoint mode, or none at all. The modes are not compared with each other:
+        # selective recomputes less on the GPU but runs every op of its blocks through Python dispatch modes, and
+        # reentrant recomputes more with fewer hooks
         fewer = {c.checkpoint for c in self.estimates
-                 if set(c.checkpoint) <= set(config.checkpoint)
-                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint)) == (key, patch)}
+                 if set(c.checkpoint) <= set(config.checkpoint) and (c.checkpoint_mode == mode or not c.checkpoint)
+                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint, checkpoint_mode=mode))
+                 == (key, patch)}
         others = (self.raw_step_time(dataclasses.replace(config, checkpoint=blocks, micro_batch=m,
-                                                         accumulation_steps=eff // m))
+                                                         accumulation_steps=eff // m,
+                                                         checkpoint_mode=mode if blocks else "full"))
                   for blocks in fewer for m in divisors(eff) if m >= config.micro_batch)
         return max([own, *(t for t in others if t is not None)])
 
@@ -460,7 +486,7 @@ def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
 
 
 def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
-    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last), c.patch_size
+    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last, c.checkpoint_mode), c.patch_size
 
 
 @dataclass
@@ -488,6 +514,7 @@ def plan(
     margin: float = DEFAULT_MARGIN,
     allow_precision_change: bool = False,
     calibration: Calibration | None = None,
+    checkpoint_modes: tuple[CheckpointMode, ...] = CHECKPOINT_MODES,
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -502,6 +529,9 @@ def plan(
         margin: the plan keeps ``device_bytes <= budget_bytes × (1 - margin)``.
         allow_precision_change: also consider bf16 autocast (changes numerics).
         calibration: a ``memfit.speed.step_time.Calibration`` timed on the GPU; None uses the roofline.
+        checkpoint_modes: how the chosen blocks may be checkpointed (``Workload.checkpoint_mode``): each block set
+            is estimated in each mode, and the speed model picks (``selective`` keeps more memory and recomputes
+            less; ``reentrant`` keeps what ``full`` keeps with fewer hooks). ``("full",)`` plans as before.
 
     Raises:
         BudgetTooSmallError: nothing fits; the message gives the smallest configuration found and its need.
@@ -519,12 +549,17 @@ def plan(
     if isinstance(eff, bool) or not isinstance(eff, int) or eff < 1:
         raise UsageError(f"effective batch must be a positive integer, got {eff!r}.")
     check_budget(budget_bytes, margin)
+    if isinstance(checkpoint_modes, str) or not checkpoint_modes or any(
+            m not in CHECKPOINT_MODES for m in checkpoint_modes):
+        raise UsageError(f"checkpoint_modes must be a non-empty tuple of {', '.join(CHECKPOINT_MODES)}, "
+                         f"got {checkpoint_modes!r}.")
     limit = int(budget_bytes * (1 - margin))
     workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
-    search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change)
+    search = Search(workload, spec, config, limit, eff, calibration, allow_precision_change, tuple(checkpoint_modes))
     structures, models = _memory_models(search)
     configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
     chosen, notes = _walk(search, configs, models)
+    notes = search.notes + notes
     scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)]
     if chosen is None:
         # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
@@ -614,7 +649,8 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
 
     Per (precision, memory format): micro-batch 1 and the largest divisor of the effective batch up to half of it
     (both run with accumulation, so the gradients are alive in forward, as in every plan but the one without
-    accumulation), then each checkpointing choice at the larger size. The optimizer is fused where the optimizer
+    accumulation), then each checkpointing choice at the larger size, in each of the search's checkpoint modes (a
+    mode the blocks cannot run in is left out, with a note). The optimizer is fused where the optimizer
     supports it: fused needs no temporaries and launches the fewest kernels, so it dominates foreach and for-loop.
     """
     w, eff = search.workload, search.effective
@@ -626,6 +662,7 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     formats = [w.channels_last] + ([True] if facts.has_conv and not w.channels_last else [])
     b_lo = 1
     b_mid = max(d for d in divisors(eff) if d <= max(1, eff // 2))
+    modes = list(dict.fromkeys(search.checkpoint_modes))
     structures: list[_Structure] = []
     models: dict[_Structure, _MemoryModel] = {}
     for precision in precisions:
@@ -640,13 +677,23 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
                                         mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
             structures.append(base)
             for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
-                s = dataclasses.replace(base, checkpoint=blocks)
-                e = search.estimate(s.config(b_mid, eff))
-                fb, other = _phase_peaks(e)
-                # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
-                models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
-                                         e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
-                structures.append(s)
+                for mode in modes:
+                    s = dataclasses.replace(base, checkpoint=blocks, checkpoint_mode=mode)
+                    try:
+                        e = search.estimate(s.config(b_mid, eff))
+                    except MemfitError as exc:
+                        if mode == "full":
+                            raise
+                        # the blocks cannot run this way (a keyword tensor that needs a gradient under reentrant
+                        # checkpointing, an in-place op on an output selective checkpointing keeps): leave it out
+                        modes.remove(mode)
+                        search.notes.append(f"{mode} checkpointing left out: {exc}")
+                        continue
+                    fb, other = _phase_peaks(e)
+                    # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
+                    models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
+                                             e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
+                    structures.append(s)
     return structures, models
 
 
