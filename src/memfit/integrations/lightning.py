@@ -429,7 +429,7 @@ class MemfitCallbackBase:
             pl_module, self.batch_arg_name, config.micro_batch)
         trainer.accumulate_grad_batches = config.accumulation_steps
         if config.checkpoint:
-            apply_checkpointing(pl_module, config.checkpoint)
+            apply_checkpointing(pl_module, config.checkpoint, config.checkpoint_mode)
         if config.optimizer_impl != "default":
             for optimizer in trainer.optimizers:
                 if not _set_optimizer_impl_in_place(optimizer, config.optimizer_impl):
