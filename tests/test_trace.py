@@ -473,7 +473,7 @@ class _Stack(torch.nn.Module):
 
 def test_reentrant_checkpointing_frees_each_block_input_in_backward():
     """The tracer names autograd nodes without holding them: a held node kept each reentrant block's detached
-    input alive through its AccumulateGrad node until the backward ended (+25 % measured on a GPU)."""
+    input alive through its AccumulateGrad node until the backward ended (issue 13: +25 % against a GPU)."""
     reentrant = trace_workload(_linear_workload(model=lambda: _Stack(True)), GPU, steps=2)
     end = next(at for at, name, s in reentrant.phase_marks if name == "optimizer" and s == 1)
     freed = {k for o, k in zip(reentrant.ops[:end], reentrant.keys[:end], strict=True) if o < 0}
