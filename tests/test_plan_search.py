@@ -324,3 +324,103 @@ def test_without_permission_no_configuration_changes_precision():
     assert {c.config.precision for c in [p.chosen, *p.frontier]} == {"fp32"}
     allowed = plan(wide_mlp(), budget_bytes=1 << 40, allocator=ALLOCATOR, allow_precision_change=True)
     assert "bf16" in {c.config.precision for c in allowed.frontier}
+
+
+# ------------------------------------------------------------------------------------ checkpoint modes
+
+
+class _WideStack(torch.nn.Module):
+    """Two residual blocks of wide fp32 matmuls: GPU-bound, so recomputing a matmul costs more than selective
+    checkpointing's Python dispatch modes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(1024, 8192), torch.nn.GELU(), torch.nn.Linear(8192, 1024))
+            for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def _wide_stack() -> Workload:
+    return Workload(name="wide", model=_WideStack, batch=lambda n: (torch.randn(n, 2048, 1024),),
+                    loss=lambda out, b: out.float().pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                    batch_size=1)
+
+
+def test_selective_checkpointing_is_chosen_where_it_fits_and_is_faster_and_full_where_only_full_fits():
+    modes = ("full", "selective")
+    # expandable segments on from the start: no retry with them lets a configuration in that the needs say is out
+    allocator = dataclasses.replace(ALLOCATOR, expandable_segments=True)
+    search = Search(_wide_stack().replace(keep_output=False), gpu_spec(None), allocator, 1 << 62, 1, None, False, modes)
+    structures, _ = _memory_models(search)
+    both = ("blocks.0", "blocks.1")
+    # each block set in each mode (the heavier half of the blocks, then all)
+    assert {(s.checkpoint, s.checkpoint_mode) for s in structures} == {
+        ((), "full"), (("blocks.0",), "full"), (("blocks.0",), "selective"), (both, "full"), (both, "selective")}
+    configs = {(s.checkpoint, s.checkpoint_mode): s.config(1, 1) for s in structures}
+    need = {k: search.estimate(c).device_upper_bytes for k, c in configs.items()}
+    time = {k: search.step_time(c) for k, c in configs.items()}
+    # selective keeps each block's first matmul output (64 MiB): more than full, less than no checkpointing ...
+    assert need[(both, "full")] < need[(both, "selective")] < need[((), "full")]
+    # ... and recomputes only GELU, not the 34-GFLOP matmul: predicted faster than full
+    assert time[(both, "selective")] < time[(both, "full")]
+
+    def chosen(limit: int) -> Config:
+        p = plan(_wide_stack(), budget_bytes=budget_for(limit), effective_batch=1, allocator=allocator,
+                 checkpoint_modes=modes)
+        assert p.chosen.verified and p.chosen.fits
+        return p.chosen.config
+
+    # room for full checkpointing only
+    tight = chosen(need[(both, "full")])
+    assert tight.checkpoint and tight.checkpoint_mode == "full"
+    # room for selective: the fastest configuration that fits is a selective one
+    roomy = chosen(min(need[(b, "selective")] for b in (("blocks.0",), both)))
+    assert roomy.checkpoint and roomy.checkpoint_mode == "selective"
+    assert time[(roomy.checkpoint, "selective")] == min(t for k, t in time.items() if need[k] <= need[(both, "selective")])
+
+
+def test_a_mode_the_blocks_cannot_run_is_left_out_with_a_note():
+    class KeywordBlock(torch.nn.Module):  # a block called with a keyword tensor that needs a gradient
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64)
+            self.inner = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+
+        def forward(self, x: torch.Tensor, *, gate: torch.Tensor) -> torch.Tensor:
+            return self.inner(self.lin(x)) * gate
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = torch.nn.Parameter(torch.ones(64))
+            self.blocks = torch.nn.ModuleList(KeywordBlock() for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x, gate=self.gate)
+            return x
+
+    w = Workload(name="kw", model=Net, batch=lambda n: (torch.randn(n, 64),), loss=lambda out, b: out.sum(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4)
+    p = plan(w, budget_bytes=8 << 30, allocator=ALLOCATOR)
+    assert any(n.startswith("reentrant checkpointing left out") and "gate" in n for n in p.notes)
+    assert p.chosen.config.checkpoint_mode != "reentrant"
+
+
+def test_a_plan_with_a_checkpoint_mode_round_trips_and_applies_it(tmp_path):  # noqa: ANN001
+    from memfit.plan.search import Plan
+
+    p = plan(_wide_stack(), budget_bytes=16 << 30, effective_batch=1, allocator=ALLOCATOR)
+    config = dataclasses.replace(p.chosen.config, checkpoint=("blocks.0",), checkpoint_mode="selective")
+    p = dataclasses.replace(p, chosen=dataclasses.replace(p.chosen, config=config))
+    again = Plan.load(p.save(tmp_path / "plan.json"))
+    assert again.chosen.config.checkpoint_mode == "selective"
+    assert again.workload_for(_wide_stack()).checkpoint_mode == "selective"
+    model = _WideStack()
+    again.apply(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda out, b: out.sum())
+    assert model.blocks[0]._memfit_checkpointed == "selective"

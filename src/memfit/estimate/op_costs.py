@@ -81,6 +81,12 @@ class OpCost(NamedTuple):
     """The CPU waits for the GPU here (``.item()``, e.g. GradScaler's inf check)."""
     recompute: bool = False
     """Run in backward to recompute a checkpointed module's forward."""
+    selective: bool = False
+    """Run inside a selectively checkpointed block (its forward or its recompute), so through torch's Python
+    dispatch modes for selective checkpointing (``memfit.workload.selective_checkpoint``). A row with no kernel
+    and ``recompute`` is an output the recompute hands back from the forward."""
+    reentrant: bool = False
+    """Recomputed by reentrant checkpointing (``use_reentrant=True``): no saved-tensor hooks."""
 
 
 class OpCounter:
@@ -116,9 +122,17 @@ class OpCounter:
         if self.active:
             self._pending += 1
 
+    def kept_outputs(self, count: int) -> None:
+        """A selective recompute begins: ``count`` ops kept in its forward are handed back with no kernel, each
+        one dispatch through the recompute's Python mode."""
+        if self.active:
+            self.rows.extend([OpCost(0, None, 0, 0, 1, recompute=True, selective=True)] * count)
+
     def record(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any, *, recompute: bool = False,
-               sync: bool = False) -> None:
-        """Count one op; ``recompute`` if it recomputes a checkpointed module, ``sync`` if the host waits on it."""
+               sync: bool = False, selective: bool = False, reentrant: bool = False) -> None:
+        """Count one op; ``recompute`` if it recomputes a checkpointed module (``reentrant``: by reentrant
+        checkpointing), ``selective`` if it runs in a selectively checkpointed block, ``sync`` if the host waits
+        on it."""
         if not self.active:
             return
         kind = self._kinds.get(func)
@@ -154,7 +168,8 @@ class OpCounter:
         if flop_class is None:
             flops = 0
         self.rows.append(
-            OpCost(flops, flop_class, read + written, kernels, 1 + self._pending, sync, recompute)
+            OpCost(flops, flop_class, read + written, kernels, 1 + self._pending, sync, recompute, selective,
+                   recompute and reentrant)
         )
         self._pending = 0
 

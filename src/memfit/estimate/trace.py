@@ -35,6 +35,7 @@ from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.library_paths import RealRunPaths
 from memfit.estimate.op_costs import OpCost, OpCounter
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
+from memfit.workload.selective_checkpoint import REGIONS as selective_regions
 from memfit.workload.spec import Workload
 from memfit.workload.user_errors import user_code_error
 
@@ -199,7 +200,8 @@ class _Recorder(tp.TorchDispatchMode):
         self.silent = False
         """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
         self._finalizers: dict[int, Any] = {}
-        self._born_in_node: dict[int, Any] = {}  # key -> the autograd node that ran when a backward op made it
+        # key -> the autograd node (tp.autograd_node_key: a name, never the node) that ran when a backward op made it
+        self._born_in_node: dict[int, tuple[str, int] | None] = {}
         self.held_keys: list[int] = []
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
@@ -262,7 +264,7 @@ class _Recorder(tp.TorchDispatchMode):
         key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
         self._own(st, key)
         if self.phase == "backward":
-            self._born_in_node[key] = tp.current_autograd_node()
+            self._born_in_node[key] = tp.autograd_node_key(tp.current_autograd_node())
 
     def _own(self, storage: Any, key: int) -> None:
         """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
@@ -298,7 +300,8 @@ class _Recorder(tp.TorchDispatchMode):
         storage = old.untyped_storage()
         key = self._live.get(storage)
         node = tp.current_autograd_node()
-        if key is None or node is None or key not in self._born_in_node or self._born_in_node[key] is node:
+        if key is None or node is None or key not in self._born_in_node or (
+                self._born_in_node[key] == tp.autograd_node_key(node)):
             return False
         if not old.is_contiguous(memory_format=torch.channels_last) and not old.is_contiguous():
             return False
@@ -310,7 +313,7 @@ class _Recorder(tp.TorchDispatchMode):
         self._finalizers.pop(key).detach()
         del self._live[storage]
         self._own(out.untyped_storage(), key)
-        self._born_in_node[key] = node
+        self._born_in_node[key] = tp.autograd_node_key(node)
         return True
 
     def disown(self, storage: Any) -> None:
@@ -403,7 +406,11 @@ class _Recorder(tp.TorchDispatchMode):
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
-        self.costs.record(func, name, args, kwargs, out, recompute=recompute,
+        # reentrant checkpointing recomputes inside its own node's backward; non-reentrant inside whichever node
+        # unpacks a saved tensor first
+        reentrant = recompute and tp.autograd_node_name(tp.current_autograd_node()) == "CheckpointFunctionBackward"
+        self.costs.record(func, name, args, kwargs, out, recompute=recompute, reentrant=reentrant,
+                          selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
         if name == "convolution":
             self.track(out, name)
@@ -631,6 +638,8 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
         torch.nn.modules.module.register_module_forward_pre_hook(recorder.pre_forward),
         torch.nn.modules.module.register_module_forward_hook(recorder.post_forward),
     ]
+    # each selective recompute hands back the outputs its forward kept, unseen by the recorder: count them
+    selective_regions.on_recompute = recorder.costs.kept_outputs
     try:
         with fake_mode, recorder, CudaSemantics():
             try:
@@ -660,6 +669,7 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
                 _raise_blamed(exc, f"the training step ({recorder.phase}, step {recorder.step})", recorder)
             del model, optimizer, batch, scaler
     finally:
+        selective_regions.on_recompute = None
         for h in hooks:
             h.remove()
     recorder.closed = True

@@ -146,6 +146,9 @@ def training_arguments_for(chosen: Plan, args: Any, *, trained_precision: Precis
         lines.append(f"  {flag} -> True (the plan checkpoints {len(config.checkpoint)} blocks: "
                      f"{', '.join(config.checkpoint[:3])}{', ...' if len(config.checkpoint) > 3 else ''}; the "
                      "Trainer's flag checkpoints every layer, which needs no more memory and costs more time)")
+        if config.checkpoint_mode != "full":
+            lines.append(f"  the plan's {config.checkpoint_mode} checkpointing has no Trainer flag: the Trainer "
+                         "checkpoints fully (less memory, its own speed); plan with checkpoint_modes=('full',) to match")
     elif getattr(args, flag, False):
         lines.append(f"  {flag} stays on (the plan fits without it; turning it off would be faster)")
     optim_now = str(getattr(args.optim, "value", args.optim))  # an OptimizerNames enum, or its string
@@ -205,7 +208,8 @@ def plan_training_arguments(
     workload = workload_from_model(model, args, batch)
     chosen = plan(workload, budget_bytes=budget_bytes, effective_batch=effective,
                   gpu=gpu if gpu is not None else detect_gpu(), allow_precision_change=allow_precision_change,
-                  margin=margin, calibration=per_rank_choice(int(getattr(args, "world_size", 1))))
+                  margin=margin, calibration=per_rank_choice(int(getattr(args, "world_size", 1))),
+                  checkpoint_modes=("full",))  # the Trainer's flag checkpoints fully, non-reentrant
     return training_arguments_for(chosen, args, trained_precision=workload.precision, model=model)
 
 

@@ -433,7 +433,7 @@ class MemfitCallbackBase:
             pl_module, self.batch_arg_name, config.micro_batch)
         trainer.accumulate_grad_batches = config.accumulation_steps
         if config.checkpoint:
-            apply_checkpointing(pl_module, config.checkpoint)
+            apply_checkpointing(pl_module, config.checkpoint, config.checkpoint_mode)
         if config.loss_impl == "chunked":  # offered only where the module itself is shaped like a causal LM
             use_chunked_cross_entropy(pl_module)
         if config.optimizer_impl != "default":

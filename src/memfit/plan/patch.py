@@ -82,7 +82,8 @@ def plan_patch(
     search = Search(workload, spec, config, limit, batch, speed.calibration, False)
     ladder = patch_ladder(workload.patch_size, multiple)
     base = Config(micro_batch=batch, accumulation_steps=1, precision=workload.precision,
-                  checkpoint=workload.checkpoint, optimizer_impl=workload.optimizer_impl,
+                  checkpoint=workload.checkpoint, checkpoint_mode=workload.checkpoint_mode,
+                  optimizer_impl=workload.optimizer_impl,
                   channels_last=workload.channels_last)
 
     def at(patch: tuple[int, ...]) -> Config:

@@ -23,9 +23,11 @@ from memfit.records import JsonRecord
 from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, set_optimizer_impl
 from memfit.workload.spec import (
+    CHECKPOINT_MODES,
     LOSS_IMPLS,
     OPTIMIZER_IMPLS,
     PRECISIONS,
+    CheckpointMode,
     LossImpl,
     OptimizerImpl,
     Precision,
@@ -52,6 +54,9 @@ class Config:
     loss_impl: LossImpl = "default"
     """``chunked``: the output layer and cross-entropy run over chunks of tokens (``Workload.loss_impl``): the same
     loss without the full logits, at the cost of one more output-layer matmul in backward."""
+    checkpoint_mode: CheckpointMode = "full"
+    """How ``checkpoint``'s blocks are checkpointed (``Workload.checkpoint_mode``): ``full``, ``selective`` (matmul,
+    convolution and attention outputs kept) or ``reentrant``."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "accumulation_steps"):
@@ -65,6 +70,9 @@ class Config:
                              f"got {self.optimizer_impl!r}.")
         if self.loss_impl not in LOSS_IMPLS:
             raise UsageError(f"Config.loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}.")
+        if self.checkpoint_mode not in CHECKPOINT_MODES:
+            raise UsageError(f"Config.checkpoint_mode must be one of {', '.join(CHECKPOINT_MODES)}, "
+                             f"got {self.checkpoint_mode!r}.")
         if self.patch_size is not None and not all(
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.patch_size
         ):
@@ -81,6 +89,7 @@ class Config:
             "accumulation_steps": self.accumulation_steps,
             "precision": self.precision,
             "checkpoint": self.checkpoint,
+            "checkpoint_mode": self.checkpoint_mode,
             "optimizer_impl": self.optimizer_impl,
             "channels_last": self.channels_last,
             "loss_impl": self.loss_impl,
@@ -92,7 +101,8 @@ class Config:
     def label(self) -> str:
         parts = [f"micro-batch {self.micro_batch} × {self.accumulation_steps}", self.precision]
         if self.checkpoint:
-            parts.append(f"checkpoint {len(self.checkpoint)} blocks")
+            parts.append(f"checkpoint {len(self.checkpoint)} blocks"
+                         + ("" if self.checkpoint_mode == "full" else f" ({self.checkpoint_mode})"))
         if self.optimizer_impl != "default":
             parts.append(f"{self.optimizer_impl} optimizer")
         if self.loss_impl == "chunked":
@@ -222,7 +232,7 @@ class Plan(JsonRecord):
 
         c = self.chosen.config
         if c.checkpoint:
-            apply_checkpointing(model, c.checkpoint)
+            apply_checkpointing(model, c.checkpoint, c.checkpoint_mode)
         if c.loss_impl == "chunked":
             use_chunked_cross_entropy(model)
         if c.channels_last:  # .to keeps the Parameter objects, so the optimizer still holds them

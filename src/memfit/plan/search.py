@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.errors import BudgetTooSmallError, UsageError
+from memfit.errors import BudgetTooSmallError, MemfitError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.bound import BASE_MARGIN
 from memfit.estimate.gpus import GpuSpec, gpu_spec
@@ -29,7 +29,14 @@ from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
 from memfit.workload.knobs import ModelFacts, checkpoint_choices, model_facts
-from memfit.workload.spec import LossImpl, OptimizerImpl, Precision, Workload
+from memfit.workload.spec import (
+    CHECKPOINT_MODES,
+    CheckpointMode,
+    LossImpl,
+    OptimizerImpl,
+    Precision,
+    Workload,
+)
 
 DEFAULT_MARGIN = 0.02
 """The plan keeps ``device_bytes <= budget × (1 - margin)``. On top of the estimator's own 1.5 % placement
@@ -49,12 +56,14 @@ class _Structure:
     optimizer_impl: OptimizerImpl = "default"
     channels_last: bool = False
     loss_impl: LossImpl = "default"
+    checkpoint_mode: CheckpointMode = "full"
+    """How ``checkpoint`` runs; ``full`` when nothing is checkpointed, so that structure is one."""
 
     def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
         return Config(
             micro_batch=micro, accumulation_steps=effective // micro, precision=self.precision,
             checkpoint=self.checkpoint, optimizer_impl=self.optimizer_impl, channels_last=self.channels_last,
-            expandable_segments=expandable, loss_impl=self.loss_impl,
+            expandable_segments=expandable, loss_impl=self.loss_impl, checkpoint_mode=self.checkpoint_mode,
         )
 
 
@@ -69,8 +78,11 @@ class Search:
     """The estimates of one planning run, and the memory/speed models built from them."""
 
     def __init__(self, workload: Workload, gpu: GpuSpec, allocator: AllocatorConfig, limit_bytes: int,
-                 effective: int, calibration: Calibration | None, allow_precision_change: bool) -> None:
+                 effective: int, calibration: Calibration | None, allow_precision_change: bool,
+                 checkpoint_modes: tuple[CheckpointMode, ...] = CHECKPOINT_MODES) -> None:
         self.workload, self.gpu, self.allocator = workload, gpu, allocator
+        self.checkpoint_modes = checkpoint_modes
+        """How the chosen blocks may be checkpointed (``Workload.checkpoint_mode``)."""
         self.allow_precision_change = allow_precision_change
         self.limit_bytes, self.effective, self.calibration = limit_bytes, effective, calibration
         self.estimates: dict[Config, Estimate] = {}
@@ -129,7 +141,9 @@ class Search:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
         configuration that does no more work. Those are the same configuration with a micro-batch at least as large
         (the same samples in fewer micro-batches: the same FLOPs with fewer kernel launches, dispatches and weight
-        reads), with a subset of its checkpointed blocks (less recompute), or, for the chunked cross-entropy, with
+        reads), with a subset of its checkpointed blocks under the same checkpoint mode (less recompute; the modes
+        are not compared with each other: selective recomputes less on the GPU but runs every op of its blocks through
+        Python dispatch modes, and reentrant recomputes more with fewer hooks), or, for the chunked cross-entropy, with
         the default loss (the chunked loss runs the same ops over chunks of tokens, more kernel launches, and one
         more output-layer matmul to recompute each chunk's logits in backward). Each such prediction comes from its own
         traces (``raw_step_time``), and traces of two structures differ in ways the roofline prices without
@@ -143,12 +157,15 @@ class Search:
             return None
         (key, patch), eff = _structure(config), config.effective_batch
         losses = {"default", config.loss_impl}  # the default loss does no more work than the chunked one
+        mode = config.checkpoint_mode
         fewer = {(c.checkpoint, c.loss_impl) for c in self.estimates
                  if set(c.checkpoint) <= set(config.checkpoint) and c.loss_impl in losses
-                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint, loss_impl=config.loss_impl))
-                 == (key, patch)}
+                 and (c.checkpoint_mode == mode or not c.checkpoint)
+                 and _structure(dataclasses.replace(c, checkpoint=config.checkpoint, loss_impl=config.loss_impl,
+                                                    checkpoint_mode=mode)) == (key, patch)}
         others = (self.raw_step_time(dataclasses.replace(config, checkpoint=blocks, loss_impl=loss, micro_batch=m,
-                                                         accumulation_steps=eff // m))
+                                                         accumulation_steps=eff // m,
+                                                         checkpoint_mode=mode if blocks else "full"))
                   for blocks, loss in fewer for m in divisors(eff) if m >= config.micro_batch)
         return max([own, *(t for t in others if t is not None)])
 
@@ -203,7 +220,8 @@ def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
 
 
 def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
-    return _Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last, c.loss_impl), c.patch_size
+    return (_Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last, c.loss_impl, c.checkpoint_mode),
+            c.patch_size)
 
 
 @dataclass
@@ -231,6 +249,7 @@ def plan(
     margin: float = DEFAULT_MARGIN,
     allow_precision_change: bool = False,
     calibration: CalibrationChoice = "auto",
+    checkpoint_modes: tuple[CheckpointMode, ...] = CHECKPOINT_MODES,
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -248,6 +267,9 @@ def plan(
             timed, seconds) when CUDA is available and this machine's GPU is ``gpu``, else the roofline;
             ``"roofline"`` (or None): never time anything; a ``memfit.speed.step_time.Calibration``: that one.
             The plan's ``speed_model`` and its first note say which and why (``memfit.speed.model_choice``).
+        checkpoint_modes: how the chosen blocks may be checkpointed (``Workload.checkpoint_mode``): each block set
+            is estimated in each mode, and the speed model picks (``selective`` keeps more memory and recomputes
+            less; ``reentrant`` keeps what ``full`` keeps with fewer hooks). ``("full",)`` plans as before.
 
     Raises:
         BudgetTooSmallError: nothing fits; the message gives the smallest configuration found and its need.
@@ -265,10 +287,15 @@ def plan(
     if isinstance(eff, bool) or not isinstance(eff, int) or eff < 1:
         raise UsageError(f"effective batch must be a positive integer, got {eff!r}.")
     check_budget(budget_bytes, margin)
+    if isinstance(checkpoint_modes, str) or not checkpoint_modes or any(
+            m not in CHECKPOINT_MODES for m in checkpoint_modes):
+        raise UsageError(f"checkpoint_modes must be a non-empty tuple of {', '.join(CHECKPOINT_MODES)}, "
+                         f"got {checkpoint_modes!r}.")
     limit = int(budget_bytes * (1 - margin))
     workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
     speed = choose_speed_model(workload, spec, calibration, effective_batch=eff)
-    search = Search(workload, spec, config, limit, eff, speed.calibration, allow_precision_change)
+    search = Search(workload, spec, config, limit, eff, speed.calibration, allow_precision_change,
+                    tuple(checkpoint_modes))
     structures, models = _memory_models(search)
     configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
     chosen, notes = _walk(search, configs, models)
@@ -380,6 +407,7 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     structures: list[_Structure] = []
     models: dict[_Structure, _MemoryModel] = {}
     losses: list[LossImpl] = list(dict.fromkeys([w.loss_impl, *facts.loss_impls]))
+    modes = list(dict.fromkeys(search.checkpoint_modes))
     for precision, channels_last, loss in itertools.product(precisions, formats, losses):
         base = _Structure(precision, (), opt, channels_last, loss)
         try:
@@ -401,13 +429,23 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
                                     mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
         structures.append(base)
         for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
-            s = dataclasses.replace(base, checkpoint=blocks)
-            e = search.estimate(s.config(b_mid, eff))
-            fb, other = _phase_peaks(e)
-            # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
-            models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
-                                     e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
-            structures.append(s)
+            for mode in list(modes):
+                s = dataclasses.replace(base, checkpoint=blocks, checkpoint_mode=mode)
+                try:
+                    e = search.estimate(s.config(b_mid, eff))
+                except MemfitError as exc:
+                    if mode == "full":
+                        raise
+                    # the blocks cannot run this way (a keyword tensor that needs a gradient under reentrant
+                    # checkpointing, an in-place op on an output selective checkpointing keeps): leave it out
+                    modes.remove(mode)
+                    search.notes.append(f"{mode} checkpointing left out: {exc}")
+                    continue
+                fb, other = _phase_peaks(e)
+                # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
+                models[s] = _MemoryModel(fb_lo, (fb - fb_lo) / span, other,
+                                         e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
+                structures.append(s)
     return structures, models
 
 

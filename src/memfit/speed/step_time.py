@@ -87,6 +87,19 @@ class SpeedParams:
     (``benchmarks/results/plan/plan_grid_h200_torch2.11_20261126/plan_quality_resnet50.json``): with all 16
     bottlenecks checkpointed, a CPU-bound micro-batch of 8 or 16 took 2.3-3.3 times as long, which the model
     reproduces at 29 us (forward: 12). Not fitted by ``calibrate`` (its timings have no checkpointing)."""
+    reentrant_recompute_dispatch_s: float = 18e-6
+    """``recompute_dispatch_s`` for reentrant checkpointing (``use_reentrant=True``), which runs the recompute and
+    the block's backward as one inner backward, with no saved-tensor hooks. Derived, not fitted: of
+    ``recompute_dispatch_s`` 12 us is the forward's dispatch and 17 us non-reentrant checkpointing's hooks; on a
+    chain of small ops, reentrant checkpointing's Python costs 0.33 of non-reentrant's (2.5 against 7.5 us per op,
+    forward and backward, on a 2-core CPU; benchmarks/results/speed/checkpoint_dispatch_cost_cpu_torch2.13_20261126.json),
+    so 12 + 0.33 × 17 us."""
+    selective_dispatch_s: float = 17e-6
+    """CPU time per op of a selectively checkpointed block, once in its forward and once in its recompute, on top of
+    what non-reentrant checkpointing costs: torch's Python dispatch modes for selective checkpointing run memfit's
+    policy and keep or hand back each output. Measured on a 2-core CPU, not on a GPU host: 17.5 us per op in
+    forward and 16.5 us in the recompute over non-reentrant checkpointing, on a chain of small ops
+    (benchmarks/results/speed/checkpoint_dispatch_cost_cpu_torch2.13_20261126.json)."""
     optimizer_dispatch_s: float = 8e-6
     """CPU time per ATen op in ``zero_grad`` and ``optimizer.step()`` (a Python loop for ``foreach=False``).
     Placeholder until measured."""
@@ -153,6 +166,8 @@ class _Rows:
     dispatches: list[int]
     sync: list[bool]
     recompute: list[bool]
+    selective: list[bool]
+    reentrant: list[bool]
 
 
 def _rows(phase: PhaseCost, gpu: GpuSpec, matmul_tf32: bool, conv_tf32: bool) -> _Rows:
@@ -175,18 +190,23 @@ def _rows(phase: PhaseCost, gpu: GpuSpec, matmul_tf32: bool, conv_tf32: bool) ->
         dispatches=[r.dispatches for r in phase.ops],
         sync=[r.sync for r in phase.ops],
         recompute=[r.recompute for r in phase.ops],
+        selective=[r.selective for r in phase.ops],
+        reentrant=[r.reentrant for r in phase.ops],
     )
 
 
 def _simulate(rows: _Rows, p: SpeedParams, dispatch_s: float) -> tuple[float, float, float, float]:
     """(wall time, GPU busy time, CPU time, recompute GPU time) of one phase, from an idle GPU."""
     cpu = gpu = busy = cpu_total = recompute = 0.0
-    ce, me, ks, ls, rec_s = p.compute_efficiency, p.memory_efficiency, p.kernel_s, p.launch_s, p.recompute_dispatch_s
-    for c, m, k, d, sync, rec in zip(
-        rows.compute_s, rows.memory_s, rows.kernels, rows.dispatches, rows.sync, rows.recompute, strict=True
+    ce, me, ks, ls = p.compute_efficiency, p.memory_efficiency, p.kernel_s, p.launch_s
+    rec_s, reent_s, sel_s = p.recompute_dispatch_s, p.reentrant_recompute_dispatch_s, p.selective_dispatch_s
+    for c, m, k, d, sync, rec, sel, reent in zip(
+        rows.compute_s, rows.memory_s, rows.kernels, rows.dispatches, rows.sync, rows.recompute, rows.selective,
+        rows.reentrant, strict=True
     ):
-        # a recomputed module runs its Python forward again inside backward, through checkpoint's hooks
-        t_cpu = d * (rec_s if rec else dispatch_s) + k * ls
+        # a recomputed module runs its Python forward again inside backward, through checkpoint's hooks; a
+        # selectively checkpointed one also runs each op through torch's Python dispatch mode, in both passes
+        t_cpu = d * ((reent_s if reent else rec_s) if rec else dispatch_s) + k * ls + (sel_s if sel else 0.0)
         t_gpu = max(c / ce, m / me) + k * ks if k else 0.0  # no kernel (a host-side read): no GPU time
         cpu += t_cpu
         cpu_total += t_cpu

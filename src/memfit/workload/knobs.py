@@ -1,6 +1,6 @@
 """The knobs memfit turns on a training step without changing its mathematics.
 
-Activation checkpointing of chosen blocks and the optimizer's implementation (foreach / for-loop / fused) are
+Activation checkpointing of chosen blocks (full, selective or reentrant) and the optimizer's implementation (foreach / for-loop / fused) are
 applied to the model and optimizer the user's factories build, so ``estimate``, ``measure``, ``explain``, ``plan``
 and the guarded step all wrap them the same way.
 """
@@ -18,19 +18,31 @@ import torch
 
 from memfit.errors import WorkloadError
 from memfit.workload.chunked_cross_entropy import output_head
-from memfit.workload.spec import OPTIMIZER_IMPLS, LossImpl, OptimizerImpl, Workload
+from memfit.workload.selective_checkpoint import selective_contexts
+from memfit.workload.spec import (
+    CHECKPOINT_MODES,
+    OPTIMIZER_IMPLS,
+    CheckpointMode,
+    LossImpl,
+    OptimizerImpl,
+    Workload,
+)
 
 _CHECKPOINTED = "_memfit_checkpointed"
 _INDEX = re.compile(r"^\d+$")
 
 
-def apply_checkpointing(model: torch.nn.Module, names: Iterable[str]) -> torch.nn.Module:
-    """Run the forward of each named submodule under ``torch.utils.checkpoint`` (non-reentrant), in place.
+def apply_checkpointing(model: torch.nn.Module, names: Iterable[str], mode: CheckpointMode = "full") -> torch.nn.Module:
+    """Run the forward of each named submodule under ``torch.utils.checkpoint``, in place.
 
-    Only the block's inputs are kept for backward; its inner activations are recomputed then (about one extra
-    forward of the block). BatchNorm running statistics inside a checkpointed block are updated twice per step,
-    because the recompute runs the block in training mode again.
+    ``mode`` (``Workload.checkpoint_mode`` says what each costs): ``full`` keeps only the block's inputs and
+    recomputes everything inside it in backward (about one extra forward of the block); ``selective`` also keeps
+    the outputs of its matmuls, convolutions and attention kernels and recomputes the rest; ``reentrant`` is
+    ``full`` through ``use_reentrant=True``. BatchNorm running statistics inside a checkpointed block are updated
+    twice per step, because the recompute runs the block in training mode again.
     """
+    if mode not in CHECKPOINT_MODES:
+        raise WorkloadError(f"checkpoint mode must be one of {', '.join(CHECKPOINT_MODES)}, got {mode!r}.")
     modules = dict(model.named_modules())
     for name in names:
         module = modules.get(name)
@@ -42,23 +54,51 @@ def apply_checkpointing(model: torch.nn.Module, names: Iterable[str]) -> torch.n
             )
         if module is model:
             raise WorkloadError("cannot checkpoint the whole model: name its blocks (e.g. 'layers.0').")
-        if getattr(module, _CHECKPOINTED, False):
+        done = getattr(module, _CHECKPOINTED, None)
+        if done == mode:
             continue
-        module.forward = _checkpointed(module.forward)  # type: ignore[method-assign]
-        setattr(module, _CHECKPOINTED, True)
+        if done is not None:
+            raise WorkloadError(f"{name!r} is checkpointed ({done}) already; build the model again to use {mode}.")
+        module.forward = _checkpointed(module.forward, name, mode)  # type: ignore[method-assign]
+        setattr(module, _CHECKPOINTED, mode)
     return model
 
 
-def _checkpointed(forward: Any) -> Any:
+def _checkpointed(forward: Any, name: str, mode: CheckpointMode) -> Any:
     from torch.utils.checkpoint import checkpoint
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():  # evaluation and the recompute itself: nothing to save
             return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        if mode == "selective":
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=selective_contexts, **kwargs)
+        if mode == "full":
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return _reentrant(forward, name, args, kwargs)
 
     return run
+
+
+def _reentrant(forward: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``forward(*args, **kwargs)`` under reentrant checkpointing, which takes positional tensors only."""
+    from torch.utils.checkpoint import checkpoint
+
+    needs_grad = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    if needs_grad:
+        # reentrant checkpointing differentiates through its positional inputs only: a keyword tensor's gradient
+        # would be lost (or computed twice through the outer graph)
+        raise WorkloadError(
+            f"cannot checkpoint {name!r} reentrantly: its keyword argument(s) {', '.join(needs_grad)} need gradients, "
+            "and reentrant checkpointing passes only positional inputs. Use checkpoint_mode='full'."
+        )
+    call = functools.partial(forward, **kwargs) if kwargs else forward
+    if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return checkpoint(call, *args, use_reentrant=True)
+    # no input needs a gradient (the block's input is the batch): reentrant checkpointing would then give its
+    # parameters none. A zero-size input that needs one (no memory) makes its backward run.
+    dummy = torch.empty(0, requires_grad=True)
+    return checkpoint(lambda _, *a: call(*a), dummy, *args, use_reentrant=True)
 
 
 def checkpoint_candidates(model: torch.nn.Module) -> list[str]:

@@ -85,7 +85,7 @@ def build(
         if workload.channels_last:
             to_channels_last(model)
         if workload.checkpoint:
-            apply_checkpointing(model, workload.checkpoint)
+            apply_checkpointing(model, workload.checkpoint, workload.checkpoint_mode)
         if workload.loss_impl == "chunked":
             use_chunked_cross_entropy(model)
         model.train()

@@ -40,6 +40,9 @@ LossImpl = Literal["default", "chunked"]
 """How a causal LM's output layer and cross-entropy run: as the model writes them, or over chunks of tokens
 (``memfit.workload.chunked_cross_entropy``) without the (tokens × vocabulary) logits."""
 LOSS_IMPLS: tuple[LossImpl, ...] = get_args(LossImpl)
+CheckpointMode = Literal["full", "selective", "reentrant"]
+"""How the blocks of ``Workload.checkpoint`` are checkpointed (see that field)."""
+CHECKPOINT_MODES: tuple[CheckpointMode, ...] = get_args(CheckpointMode)
 
 
 def default_forward(model: Any, batch: Any) -> Any:
@@ -119,6 +122,14 @@ class Workload:
     checkpoint: tuple[str, ...] = ()
     """Qualified names of blocks (e.g. ``"layers.3"``) run under activation checkpointing: only their inputs are
     kept for backward, at the cost of about one more forward of those blocks."""
+    checkpoint_mode: CheckpointMode = "full"
+    """How the ``checkpoint`` blocks run. ``full``: non-reentrant ``torch.utils.checkpoint``; the block keeps its
+    inputs and runs its whole forward again in backward. ``selective``: the same, under an op-level policy
+    (``memfit.workload.selective_checkpoint``) that also keeps the outputs of matmuls, convolutions and fused
+    attention; more memory than ``full`` (those outputs), less recompute (only pointwise ops, norms, activations).
+    ``reentrant``: ``use_reentrant=True``; the memory of ``full``, the recompute and backward of the block run as
+    one inner backward (fewer Python hooks). Keyword tensors of a block must not need gradients, and a block whose
+    inputs need none gets a zero-size input that does, so its parameters still get gradients."""
     optimizer_impl: OptimizerImpl = "default"
     """``default`` (what the factory asked for; PyTorch picks foreach on CUDA), ``foreach``, ``for-loop`` or
     ``fused``: the same mathematics, different temporaries and speed."""
@@ -172,6 +183,10 @@ class Workload:
                 f"Workload.checkpoint must be a tuple of module names such as ('layers.0',), got {self.checkpoint!r}."
             )
         object.__setattr__(self, "checkpoint", tuple(self.checkpoint))
+        if not isinstance(self.checkpoint_mode, str) or self.checkpoint_mode not in CHECKPOINT_MODES:
+            raise WorkloadError(
+                f"Workload.checkpoint_mode must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint_mode!r}."
+            )
         for attr in ("name", "description"):
             if not isinstance(getattr(self, attr), str):
                 raise WorkloadError(f"Workload.{attr} must be a string, got {getattr(self, attr)!r}.")
