@@ -38,6 +38,14 @@ from memfit.workload.spec import (
     Workload,
 )
 
+DEFAULT_CHECKPOINT_MODES: tuple[CheckpointMode, ...] = ("full", "reentrant")
+"""The checkpoint modes a plan tries unless told otherwise. Measured on an H100 (torch 2.11; GPT-2 micro-batch 8,
+ViT-B/16 and ResNet-50 micro-batch 64, every block checkpointed; benchmarks/results/plan/
+checkpoint_modes_h100_torch2.11_20261126.json): every mode's peak allocated within 0.22 % of its estimate;
+reentrant 19-26 % faster than full in all three, as the speed model ranks it; selective 1.4-1.5 x *slower* than full
+in all three, where the speed model predicted it faster for ResNet-50 (54 ms against 56; measured 95 against 63).
+Until the speed model prices it right, op-level checkpointing is tried only on request."""
+
 DEFAULT_MARGIN = 0.02
 """The plan keeps ``device_bytes <= budget × (1 - margin)``. On top of the estimator's own 1.5 % placement
 margin (``memfit.estimate.predict.FITS_IN_MARGIN``), it absorbs the estimator's measured error (peak allocated within
@@ -79,7 +87,7 @@ class Search:
 
     def __init__(self, workload: Workload, gpu: GpuSpec, allocator: AllocatorConfig, limit_bytes: int,
                  effective: int, calibration: Calibration | None, allow_precision_change: bool,
-                 checkpoint_modes: tuple[CheckpointMode, ...] = CHECKPOINT_MODES) -> None:
+                 checkpoint_modes: tuple[CheckpointMode, ...] = DEFAULT_CHECKPOINT_MODES) -> None:
         self.workload, self.gpu, self.allocator = workload, gpu, allocator
         self.checkpoint_modes = checkpoint_modes
         """How the chosen blocks may be checkpointed (``Workload.checkpoint_mode``)."""
@@ -249,7 +257,7 @@ def plan(
     margin: float = DEFAULT_MARGIN,
     allow_precision_change: bool = False,
     calibration: CalibrationChoice = "auto",
-    checkpoint_modes: tuple[CheckpointMode, ...] = CHECKPOINT_MODES,
+    checkpoint_modes: tuple[CheckpointMode, ...] = DEFAULT_CHECKPOINT_MODES,
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -269,7 +277,8 @@ def plan(
             The plan's ``speed_model`` and its first note say which and why (``memfit.speed.model_choice``).
         checkpoint_modes: how the chosen blocks may be checkpointed (``Workload.checkpoint_mode``): each block set
             is estimated in each mode, and the speed model picks (``selective`` keeps more memory and recomputes
-            less; ``reentrant`` keeps what ``full`` keeps with fewer hooks). ``("full",)`` plans as before.
+            less; ``reentrant`` keeps what ``full`` keeps with fewer hooks). Default: full and reentrant
+            (``DEFAULT_CHECKPOINT_MODES``); add ``"selective"`` to try op-level checkpointing too.
 
     Raises:
         BudgetTooSmallError: nothing fits; the message gives the smallest configuration found and its need.
