@@ -61,6 +61,9 @@ __all__ = [
     "all_op_names",
     "current_autograd_node",
     "is_view",
+    "coo_parts",
+    "sparse_coo",
+    "set_sparse",
     "load_fully_shard",
     "op_argument_names",
     "op_mutated_arguments",
@@ -234,6 +237,23 @@ def sparse_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if t.layout in (torch.sparse_csc, torch.sparse_bsc):
         return (t.ccol_indices(), t.row_indices(), t.values())
     return ()
+
+
+def coo_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sparse COO tensor's indices (sparse_dim, nnz) and values (nnz, *dense dims), coalesced or not."""
+    return t._indices(), t._values()
+
+
+def sparse_coo(indices: torch.Tensor, values: torch.Tensor, like: torch.Tensor, *, coalesced: bool) -> torch.Tensor:
+    """A sparse COO tensor of ``like``'s size, dtype and device that holds ``indices`` and ``values`` (no copy)."""
+    return torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(
+        like.sparse_dim(), like.dense_dim(), list(like.shape), indices, values, dtype=like.dtype,
+        layout=torch.sparse_coo, device=like.device, is_coalesced=coalesced)
+
+
+def set_sparse(t: torch.Tensor, source: torch.Tensor) -> None:
+    """Make the sparse tensor ``t`` hold ``source``'s indices and values, in place."""
+    torch.ops.aten.copy_sparse_to_sparse_(t, source)
 
 
 def is_view(t: torch.Tensor) -> bool:

@@ -245,10 +245,15 @@ class _CudnnRNN(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None, mode: str, layers: int,
-                directions: int, batch_first: bool, *params: torch.Tensor) -> Any:
-        batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
+                directions: int, batch_first: bool | tuple[int, int], *params: torch.Tensor) -> Any:
         hidden = hx.shape[-1]
-        out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
+        if isinstance(batch_first, tuple):
+            # a packed sequence: (time steps, largest batch) from its batch sizes; one output row per input row
+            seq, batch = batch_first
+            out_shape: tuple[int, ...] = (input.shape[0], hidden * directions)
+        else:
+            batch, seq = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
+            out_shape = (batch, seq, hidden * directions) if batch_first else (seq, batch, hidden * directions)
         output = input.new_empty(out_shape)
         itemsize = input.element_size()
         workspace = input.new_empty(
@@ -284,6 +289,51 @@ def _cuda_lstm(input: torch.Tensor, hx: list[torch.Tensor], params: list[torch.T
                batch_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     directions = 2 if bidirectional else 1
     return _CudnnRNN.apply(input, hx[0], hx[1], "LSTM", num_layers, directions, batch_first, *params)
+
+
+def _packed_dims(batch_sizes: torch.Tensor) -> tuple[int, int]:
+    """(time steps, largest batch) of a packed sequence: its batch sizes are a CPU tensor with values, on CUDA too
+    (``_pack_padded_sequence``), and in the trace (memfit.estimate.data_dependent)."""
+    sizes = batch_sizes.tolist()
+    return len(sizes), (sizes[0] if sizes else 0)
+
+
+def _cuda_lstm_packed(data: torch.Tensor, batch_sizes: torch.Tensor, hx: list[torch.Tensor],
+                      params: list[torch.Tensor], has_biases: bool, num_layers: int, dropout: float, train: bool,
+                      bidirectional: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _CudnnRNN.apply(data, hx[0], hx[1], "LSTM", num_layers, 2 if bidirectional else 1,
+                           _packed_dims(batch_sizes), *params)
+
+
+def _cuda_rnn_packed(mode: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    def run(data: torch.Tensor, batch_sizes: torch.Tensor, hx: torch.Tensor, params: list[torch.Tensor],
+            has_biases: bool, num_layers: int, dropout: float, train: bool,
+            bidirectional: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return _CudnnRNN.apply(data, hx, None, mode, num_layers, 2 if bidirectional else 1,
+                               _packed_dims(batch_sizes), *params)
+
+    return run
+
+
+def _pad_packed_sequence(data: torch.Tensor, batch_sizes: torch.Tensor, batch_first: bool, padding_value: float,
+                         total_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's composite (aten/src/ATen/native/PackedSequence.cpp), the same ops: it writes the lengths through a data
+    pointer of a tensor it makes, which a fake tensor does not have. One copy per run of time steps with the same
+    batch size, into an output filled with ``padding_value``; the lengths are a CPU tensor."""
+    sizes = batch_sizes.tolist()
+    steps, batch = len(sizes), (sizes[0] if sizes else 0)
+    if total_length > 0 and total_length < steps:
+        raise RuntimeError(f"Expected total_length to be at least the length of the longest sequence ({steps}), "
+                           f"but got total_length={total_length}")
+    output = data.new_full((max(total_length, steps), batch, *data.shape[1:]), padding_value)
+    offset = start = 0
+    for t in range(1, steps + 1):
+        if t == steps or sizes[t] != sizes[start]:
+            rows = (t - start) * sizes[start]
+            output[start:t, : sizes[start]] = data[offset:offset + rows].view(t - start, sizes[start], *data.shape[1:])
+            offset, start = offset + rows, t
+    lengths = torch.tensor([sum(1 for s in sizes if s > b) for b in range(batch)], dtype=torch.int64, device="cpu")
+    return (output.transpose(0, 1) if batch_first else output), lengths
 
 
 def _cuda_rnn(mode: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -326,6 +376,11 @@ class CudaSemantics:
         lib.impl("gru.input", _cuda_rnn("GRU"), "CompositeImplicitAutograd")
         lib.impl("rnn_tanh.input", _cuda_rnn("RNN_TANH"), "CompositeImplicitAutograd")
         lib.impl("rnn_relu.input", _cuda_rnn("RNN_RELU"), "CompositeImplicitAutograd")
+        lib.impl("lstm.data", _cuda_lstm_packed, "CompositeImplicitAutograd")
+        lib.impl("_pad_packed_sequence", _pad_packed_sequence, "CompositeImplicitAutograd")
+        lib.impl("gru.data", _cuda_rnn_packed("GRU"), "CompositeImplicitAutograd")
+        lib.impl("rnn_tanh.data", _cuda_rnn_packed("RNN_TANH"), "CompositeImplicitAutograd")
+        lib.impl("rnn_relu.data", _cuda_rnn_packed("RNN_RELU"), "CompositeImplicitAutograd")
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
         self._saved_clear = torch.clear_autocast_cache
         saved, cache = self._saved_clear, self.cache
