@@ -245,9 +245,10 @@ def coo_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sparse_coo(indices: torch.Tensor, values: torch.Tensor, like: torch.Tensor, *, coalesced: bool) -> torch.Tensor:
-    """A sparse COO tensor of ``like``'s size, dtype and device that holds ``indices`` and ``values`` (no copy)."""
+    """A sparse COO tensor of ``like``'s size and device and ``values``' dtype that holds ``indices`` and
+    ``values`` (no copy)."""
     return torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(
-        like.sparse_dim(), like.dense_dim(), list(like.shape), indices, values, dtype=like.dtype,
+        like.sparse_dim(), like.dense_dim(), list(like.shape), indices, values, dtype=values.dtype,
         layout=torch.sparse_coo, device=like.device, is_coalesced=coalesced)
 
 

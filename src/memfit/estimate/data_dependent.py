@@ -152,6 +152,14 @@ def size_from_known_values(name: str, args: Any, kwargs: dict[str, Any], value_o
     return None
 
 
+def ctc_loss_backward(args: Any) -> tuple[torch.Tensor, int]:
+    """(grad of log_probs, scratch bytes) of ``_ctc_loss_backward``, which has no fake kernel (torch 2.14): the
+    gradient is shaped like ``log_probs``; CUDA's kernel also takes a ``log_beta`` shaped like ``log_alpha`` for the
+    call (aten/src/ATen/native/cuda/LossCTC.cu, ctc_loss_backward_gpu_template)."""
+    log_probs, log_alpha = args[1], args[6]
+    return log_probs.new_empty(log_probs.shape), log_alpha.numel() * log_alpha.element_size()
+
+
 # -- 3. one real forward ------------------------------------------------------------------------------------------
 
 KEEP_NUMEL = 1 << 16

@@ -129,8 +129,30 @@ def _embedding_bag_backward(state: SparseValues, args: Any, kwargs: dict[str, An
     return out, 0
 
 
+def _sparse_mask(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
+    # dense.sparse_mask(sparse): the dense tensor's values at the mask's indices (SparseAdam's state update), as
+    # ``t.mul(mask_template)`` (aten/src/ATen/native/sparse/SparseTensor.cpp): new indices and values of its nnz
+    t, mask = args[0], args[1]
+    if t.layout != torch.strided or mask.layout != torch.sparse_coo:
+        return None
+    indices, values = tp.coo_parts(mask)
+    out = tp.sparse_coo(indices.clone(), values.new_empty(values.shape, dtype=t.dtype), mask,
+                        coalesced=mask.is_coalesced())
+    state.note(out, state.indices(mask))
+    return out, 0
+
+
+def _from_parts(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
+    # (sparse_dim, dense_dim, size, indices, values, ...): FakeTensorMode keeps the nnz here; note the indices
+    out = torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(*args, **kwargs)
+    state.note(out, state.value_of(args[3]))
+    return out, 0
+
+
 RULES: dict[str, Callable[[SparseValues, Any, dict[str, Any]], Result]] = {
+    "_sparse_coo_tensor_with_dims_and_tensors": _from_parts,
     "clone": _clone,
+    "sparse_mask": _sparse_mask,
     "mul_": _mul_in_place,
     "add_": _add_in_place,
     "_coalesce": _coalesce,

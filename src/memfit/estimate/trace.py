@@ -30,7 +30,13 @@ from memfit.estimate import workspaces as ws
 from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
-from memfit.estimate.data_dependent import IndexBounds, RealForward, is_dynamic, size_from_known_values
+from memfit.estimate.data_dependent import (
+    IndexBounds,
+    RealForward,
+    ctc_loss_backward,
+    is_dynamic,
+    size_from_known_values,
+)
 from memfit.estimate.device_calls import user_device_calls
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.library_paths import RealRunPaths
@@ -422,6 +428,12 @@ class _Recorder(tp.TorchDispatchMode):
                 raise
             out = self._data_dependent_scalar(args[0])
         except tp.UnsupportedOperatorException as exc:
+            if name == "_ctc_loss_backward":
+                out, scratch = ctc_loss_backward(args)
+                self.costs.record(func, name, args, kwargs, out)
+                self.track(out, name)
+                self._transient(scratch, f"{name}_scratch", optional=False)
+                return out
             if tp.op_returns_nothing(func):
                 # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
                 # torch 2.13): there is no output to fake and no storage to track
