@@ -34,11 +34,13 @@ _DYNAMIC: dict[Any, bool] = {}
 
 
 def is_dynamic(func: Any, name: str) -> bool:
-    """``func``'s output size can depend on its inputs' values (the ops that ``RealForward`` keeps)."""
+    """``func``'s output size can depend on its inputs' values (the ops that ``RealForward`` keeps): ATen's ops
+    tagged so, and every op of another library (torchvision's ``nms`` is not tagged), which are few."""
     try:
         return _DYNAMIC[func]
     except KeyError:
-        found = _DYNAMIC[func] = torch.Tag.dynamic_output_shape in func.tags or name in _UNTAGGED_DYNAMIC
+        found = _DYNAMIC[func] = (torch.Tag.dynamic_output_shape in func.tags or name in _UNTAGGED_DYNAMIC
+                                  or func.namespace not in ("aten", "prim"))
         return found
 
 

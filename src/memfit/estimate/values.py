@@ -41,6 +41,8 @@ _RANDOM = frozenset(
     "exponential_ multinomial random_".split()
 )
 _NEVER = _RANDOM | frozenset("empty empty_like empty_strided new_empty new_empty_strided".split())
+# in-place ops whose result does not depend on the tensor they write into: torch.empty(()).fill_(stride) is known
+_OVERWRITE = frozenset("fill_ zero_ copy_".split())
 
 
 _MUTATED: dict[Any, tuple[int, ...]] = {}
@@ -94,8 +96,10 @@ class KnownValues:
         found = _tensors(args) + _tensors(list(kwargs.values()))
         if not found and name not in _FACTORIES and not random:
             return None
-        # an in-place random fill (``torch.empty(n).uniform_()``) overwrites its tensor: the old values do not matter
-        filled = args[0] if random and name in _RANDOM and name.endswith("_") and args else None
+        # a fill (``torch.empty(()).fill_(n)``, an in-place random draw) overwrites its tensor: its old values do not
+        # matter
+        overwrites = name in _OVERWRITE or (random and name in _RANDOM and name.endswith("_"))
+        filled = args[0] if overwrites and args else None
         for t in found:
             if t.numel() > self.max_numel or (self.value(t) is None and t is not filled):
                 return None
