@@ -50,8 +50,10 @@ class SparseValues:
             self._indices[t] = indices
 
 
-Result = tuple[Any, int] | None
-"""(the op's output, bytes of scratch memory CUDA's kernel takes and gives back), or None: not a case for a rule."""
+Result = tuple[Any, int, tuple[torch.Tensor, ...]] | None
+"""(the op's output, bytes of scratch memory CUDA's kernel takes and gives back, what the op lets go of: to be
+dropped only after the output is tracked, as the kernel frees it after making the output), or None: not a case
+for a rule."""
 
 
 def has_sparse(args: Any) -> bool:
@@ -65,14 +67,14 @@ def _clone(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
     indices, values = tp.coo_parts(t)
     out = tp.sparse_coo(indices.clone(), values.clone(), t, coalesced=t.is_coalesced())
     state.note(out, state.indices(t))
-    return out, 0
+    return out, 0, ()
 
 
 def _mul_in_place(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
     t, factor = args[0], args[1]
     if t.layout != torch.sparse_coo or (isinstance(factor, torch.Tensor) and factor.dim() != 0):
         return None
-    return t, 0  # the values are scaled where they are (mul_out_sparse_zerodim)
+    return t, 0, ()  # the values are scaled where they are (mul_out_sparse_zerodim)
 
 
 def _add_in_place(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
@@ -84,17 +86,17 @@ def _add_in_place(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Res
     if t.layout == torch.strided:
         # index_add_ of the values into the dense tensor, through flattened indices: a view of the indices for
         # one sparse dimension, a new int64 tensor for several
-        return t, (0 if other.sparse_dim() == 1 or other.is_coalesced() else 8 * other_indices.shape[1])
+        return t, (0 if other.sparse_dim() == 1 or other.is_coalesced() else 8 * other_indices.shape[1]), ()
     indices, values = tp.coo_parts(t)
     scaled = other_values.numel() * other_values.element_size() if alpha != 1 else 0  # s_values.mul(alpha)
     merged = tp.sparse_coo(torch.cat([indices, other_indices], 1), torch.cat([values, other_values]), t,
                            coalesced=False)
     known, other_known = state.indices(t), state.indices(other)
-    tp.set_sparse(t, merged)
+    tp.set_sparse(t, merged)  # CUDA concatenates into new tensors, then lets go of the old ones
     if known is not None and other_known is not None:
         with tp.no_dispatch_modes():  # real tensors: the fake mode would make them fake
             state.note(t, torch.cat([known, other_known], 1))
-    return t, scaled
+    return t, scaled, (indices, values)
 
 
 def _coalesce(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
@@ -110,7 +112,7 @@ def _coalesce(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
     out = tp.sparse_coo(indices.new_empty((t.sparse_dim(), distinct.shape[1])),
                         values.new_empty((distinct.shape[1], *values.shape[1:])), t, coalesced=True)
     state.note(out, distinct)
-    return out, 0
+    return out, 0, ()
 
 
 def _embedding_bag_backward(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
@@ -126,7 +128,7 @@ def _embedding_bag_backward(state: SparseValues, args: Any, kwargs: dict[str, An
     if known is not None:
         with tp.no_dispatch_modes():
             state.note(out, known.reshape(1, -1).long())
-    return out, 0
+    return out, 0, ()
 
 
 def _sparse_mask(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
@@ -139,14 +141,14 @@ def _sparse_mask(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Resu
     out = tp.sparse_coo(indices.clone(), values.new_empty(values.shape, dtype=t.dtype), mask,
                         coalesced=mask.is_coalesced())
     state.note(out, state.indices(mask))
-    return out, 0
+    return out, 0, ()
 
 
 def _from_parts(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
     # (sparse_dim, dense_dim, size, indices, values, ...): FakeTensorMode keeps the nnz here; note the indices
     out = torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(*args, **kwargs)
     state.note(out, state.value_of(args[3]))
-    return out, 0
+    return out, 0, ()
 
 
 RULES: dict[str, Callable[[SparseValues, Any, dict[str, Any]], Result]] = {

@@ -383,11 +383,12 @@ class _Recorder(tp.TorchDispatchMode):
             except sparse.SparseValuesNeeded as exc:
                 raise _ValuesNeededToTrace(str(exc), user_frame()) from exc
             if result is not None:
-                out, scratch = result
+                out, scratch, let_go = result
                 self.costs.record(func, name, args, kwargs, out)
                 for t in _output_tensors(out):
                     self.track(t, name)
                 self._transient(scratch, f"{name}_scratch", optional=False)
+                del let_go  # the tensors the op replaced: freed now, after its output was allocated
                 return out
         if _IN_PLACE_FOREACH[func] and _no_constants(args):
             # an in-place foreach op (the optimizer's updates) allocates nothing, and fake tensors have no values
