@@ -122,6 +122,10 @@ def _embedding_bag_backward(state: SparseValues, args: Any, kwargs: dict[str, An
     if not args[9] or padding_idx not in (-1, None):
         return None  # dense, or a padding index whose rows are dropped: a size that needs values
     grad, indices, offsets, offset2bag, bag_size = args[:5]
+    if offset2bag.numel() != indices.numel():
+        # the forward's fake kernel leaves offset2bag empty, as CPU's fast path for sums does; CUDA's has one bag
+        # number per index (embedding_bag_cuda), which the backward gathers the bags' gradients by
+        offset2bag = indices.new_empty(indices.shape)
     out = torch.ops.aten._embedding_bag_sparse_backward(
         grad, indices, offsets, offset2bag, bag_size, args[6], args[7], args[8], args[10], -1)
     known = state.value_of(indices)
@@ -161,3 +165,17 @@ RULES: dict[str, Callable[[SparseValues, Any, dict[str, Any]], Result]] = {
     "_embedding_bag_backward": _embedding_bag_backward,
 }
 """Op name -> its rule; a rule returns None for calls it does not handle (dense tensors)."""
+
+
+def foreach_in_place(state: SparseValues, name: str, args: Any, kwargs: dict[str, Any]) -> list[Result] | None:
+    """The per-tensor rules of an in-place foreach op over sparse tensors (``_foreach_add_`` of SGD's momentum
+    buffers): CUDA's foreach kernels take dense tensors only and fall back to one op per tensor
+    (aten/src/ATen/native/ForeachUtils.h, ``can_use_fast_route``). None when no tensor is sparse."""
+    rule = RULES.get(name.removeprefix("_foreach_"))
+    tensors = args[0] if args and isinstance(args[0], (list, tuple)) else ()
+    if rule is None or not any(t.layout == torch.sparse_coo for t in tensors):
+        return None
+    others = args[1] if len(args) > 1 else None
+    return [rule(state, (t, others[i] if isinstance(others, (list, tuple)) else others, *args[2:]), kwargs)
+            for i, t in enumerate(tensors)]
+

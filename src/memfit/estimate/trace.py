@@ -390,6 +390,16 @@ class _Recorder(tp.TorchDispatchMode):
                 self._transient(scratch, f"{name}_scratch", optional=False)
                 del let_go  # the tensors the op replaced: freed now, after its output was allocated
                 return out
+        if _IN_PLACE_FOREACH[func] and not self.real:
+            results = sparse.foreach_in_place(self.sparse, name, args, kwargs)
+            if results is not None:  # sparse tensors: one op per tensor, as CUDA falls back to
+                self.costs.record(func, name, args, kwargs, None)
+                for result in results:
+                    if result is not None:
+                        self.track(result[0], name)
+                        self._transient(result[1], f"{name}_scratch", optional=False)
+                del results  # what the ops replaced goes now, after their outputs were allocated
+                return None
         if _IN_PLACE_FOREACH[func] and _no_constants(args):
             # an in-place foreach op (the optimizer's updates) allocates nothing, and fake tensors have no values
             # to update: FakeTensorMode would only check shapes, at 0.2-0.4 ms a tensor. Tensors with a constant
