@@ -111,7 +111,7 @@ def size_from_known_values(name: str, args: Any, kwargs: dict[str, Any], value_o
     """(fake output, real output or None) of an op whose size is decided by arguments with known values (the
     other arguments' values do not change it), or None. Runs under the fake mode: new tensors are fake."""
     if name == "index":  # x[mask] is x[mask.nonzero(as_tuple=True)]: the definition of boolean indexing
-        indices = []
+        indices: list[torch.Tensor | None] = []
         for i in args[1]:
             if i is not None and i.dtype in (torch.bool, torch.uint8):
                 real = value_of(i)

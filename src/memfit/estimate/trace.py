@@ -516,7 +516,7 @@ class _Recorder(tp.TorchDispatchMode):
         found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
         if found is None:
             return None
-        outs = [None if t is None else _fake_like(t) for t in found.outputs]
+        outs: list[Any] = [None if t is None else _fake_like(t) for t in found.outputs]
         for f, r in zip(outs, found.outputs):
             if f is not None and r is not None and r.device.type != "meta":
                 self.values.keep(f, r)

@@ -105,7 +105,7 @@ class KnownValues:
                 return None
 
         def swap(x: Any) -> Any:
-            if x is filled:
+            if x is filled and isinstance(x, torch.Tensor):
                 with tp.no_dispatch_modes():
                     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
             if isinstance(x, torch.Tensor):
