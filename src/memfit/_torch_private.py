@@ -64,6 +64,9 @@ __all__ = [
     "coo_parts",
     "sparse_coo",
     "set_sparse",
+    "sparse_coo_op",
+    "embedding_bag_sparse_backward",
+    "pack_padded_sequence_op",
     "load_fully_shard",
     "op_argument_names",
     "op_mutated_arguments",
@@ -247,9 +250,25 @@ def coo_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def sparse_coo(indices: torch.Tensor, values: torch.Tensor, like: torch.Tensor, *, coalesced: bool) -> torch.Tensor:
     """A sparse COO tensor of ``like``'s size and device and ``values``' dtype that holds ``indices`` and
     ``values`` (no copy)."""
-    return torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(
+    return sparse_coo_op(
         like.sparse_dim(), like.dense_dim(), list(like.shape), indices, values, dtype=values.dtype,
         layout=torch.sparse_coo, device=like.device, is_coalesced=coalesced)
+
+
+def sparse_coo_op(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """ATen's ``_sparse_coo_tensor_with_dims_and_tensors``: a sparse COO tensor from its indices and values."""
+    return torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(*args, **kwargs)
+
+
+def embedding_bag_sparse_backward(*args: Any) -> torch.Tensor:
+    """ATen's composite ``_embedding_bag_sparse_backward`` (the sparse gradient of an embedding bag)."""
+    return torch.ops.aten._embedding_bag_sparse_backward(*args)
+
+
+def pack_padded_sequence_op(data: torch.Tensor, lengths: torch.Tensor, batch_first: bool,
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's ``_pack_padded_sequence``: (packed data, batch sizes)."""
+    return torch.ops.aten._pack_padded_sequence(data, lengths, batch_first)
 
 
 def set_sparse(t: torch.Tensor, source: torch.Tensor) -> None:

@@ -135,7 +135,7 @@ def size_from_known_values(name: str, args: Any, kwargs: dict[str, Any], value_o
         if lengths is None:
             return None
         with tp.no_dispatch_modes():  # the real kernel on a stand-in without the feature dimensions
-            data, batch_sizes = torch.ops.aten._pack_padded_sequence(torch.zeros(x.shape[:2]), lengths, batch_first)
+            data, batch_sizes = tp.pack_padded_sequence_op(torch.zeros(x.shape[:2]), lengths, batch_first)
         # the batch sizes stay a real CPU tensor, as on CUDA: the RNN kernels read them
         return (x.new_empty((data.shape[0], *x.shape[2:])), batch_sizes), None
     if name == "_ctc_loss":  # (log_probs (T, N, C) or (T, C), targets, input_lengths, target_lengths, ...)

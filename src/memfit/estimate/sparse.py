@@ -126,7 +126,7 @@ def _embedding_bag_backward(state: SparseValues, args: Any, kwargs: dict[str, An
         # the forward's fake kernel leaves offset2bag empty, as CPU's fast path for sums does; CUDA's has one bag
         # number per index (embedding_bag_cuda), which the backward gathers the bags' gradients by
         offset2bag = indices.new_empty(indices.shape)
-    out = torch.ops.aten._embedding_bag_sparse_backward(
+    out = tp.embedding_bag_sparse_backward(
         grad, indices, offsets, offset2bag, bag_size, args[6], args[7], args[8], args[10], -1)
     known = state.value_of(indices)
     if known is not None:
@@ -150,7 +150,7 @@ def _sparse_mask(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Resu
 
 def _from_parts(state: SparseValues, args: Any, kwargs: dict[str, Any]) -> Result:
     # (sparse_dim, dense_dim, size, indices, values, ...): FakeTensorMode keeps the nnz here; note the indices
-    out = torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(*args, **kwargs)
+    out = tp.sparse_coo_op(*args, **kwargs)
     state.note(out, state.value_of(args[3]))
     return out, 0, ()
 
