@@ -103,13 +103,13 @@ def _masked_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) ->
     return out[batch[1] > 0].square().mean()  # boolean-mask indexing: the size depends on the data
 
 
-def test_sizes_that_depend_on_data_come_from_one_real_cpu_step():
+def test_sizes_that_depend_on_data_come_from_the_values_of_one_real_batch():
     w = Workload(model=lambda: torch.nn.Linear(256, 256), batch=lambda n: (torch.randn(n, 256), torch.randn(n, 256)),
                  loss=_masked_loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=64)
     est = estimate(w)
     reasons = {u.reason: u.detail for u in est.uncertainty}
     assert "test_estimate.py" in reasons["data_dependent_shape"] and "index" in reasons["data_dependent_shape"]
-    assert any("ran the step for real on the CPU" in w for w in est.warnings)
+    assert any("the values of one random batch" in w for w in est.warnings)
     # the selection is as large as the real data made it: about half of the 64 x 256 fp32 elements
     from memfit.estimate.gpus import gpu_spec
     from memfit.estimate.trace import trace_workload

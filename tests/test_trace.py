@@ -263,8 +263,8 @@ def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
     class Sized(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            # 256, 512, 768, from a tensor whose values the trace does not follow (uninitialised memory)
-            widths = torch.empty(8).fill_(0) + torch.arange(8) // 3 * 256 + 256
+            # 256, 512, 768, from a tensor whose values the trace does not follow (random numbers times 0)
+            widths = torch.rand(8) * 0 + torch.arange(8) // 3 * 256 + 256
             width = int(torch.unique(widths).numel()) * 256
             self.a = torch.nn.Linear(1024, width)
             self.norm = torch.nn.BatchNorm1d(width)

@@ -63,6 +63,12 @@ __all__ = [
     "autograd_node_name",
     "current_autograd_node",
     "is_view",
+    "coo_parts",
+    "sparse_coo",
+    "set_sparse",
+    "sparse_coo_op",
+    "embedding_bag_sparse_backward",
+    "pack_padded_sequence_op",
     "load_fully_shard",
     "op_argument_names",
     "op_mutated_arguments",
@@ -250,6 +256,40 @@ def sparse_parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if t.layout in (torch.sparse_csc, torch.sparse_bsc):
         return (t.ccol_indices(), t.row_indices(), t.values())
     return ()
+
+
+def coo_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sparse COO tensor's indices (sparse_dim, nnz) and values (nnz, *dense dims), coalesced or not."""
+    return t._indices(), t._values()
+
+
+def sparse_coo(indices: torch.Tensor, values: torch.Tensor, like: torch.Tensor, *, coalesced: bool) -> torch.Tensor:
+    """A sparse COO tensor of ``like``'s size and device and ``values``' dtype that holds ``indices`` and
+    ``values`` (no copy)."""
+    return sparse_coo_op(
+        like.sparse_dim(), like.dense_dim(), list(like.shape), indices, values, dtype=values.dtype,
+        layout=torch.sparse_coo, device=like.device, is_coalesced=coalesced)
+
+
+def sparse_coo_op(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """ATen's ``_sparse_coo_tensor_with_dims_and_tensors``: a sparse COO tensor from its indices and values."""
+    return torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors(*args, **kwargs)
+
+
+def embedding_bag_sparse_backward(*args: Any) -> torch.Tensor:
+    """ATen's composite ``_embedding_bag_sparse_backward`` (the sparse gradient of an embedding bag)."""
+    return torch.ops.aten._embedding_bag_sparse_backward(*args)
+
+
+def pack_padded_sequence_op(data: torch.Tensor, lengths: torch.Tensor, batch_first: bool,
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's ``_pack_padded_sequence``: (packed data, batch sizes)."""
+    return torch.ops.aten._pack_padded_sequence(data, lengths, batch_first)
+
+
+def set_sparse(t: torch.Tensor, source: torch.Tensor) -> None:
+    """Make the sparse tensor ``t`` hold ``source``'s indices and values, in place."""
+    torch.ops.aten.copy_sparse_to_sparse_(t, source)
 
 
 def is_view(t: torch.Tensor) -> bool:

@@ -237,6 +237,27 @@ def _fused_strides(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return qkv and (mask is None or mask.stride(-1) == 1)
 
 
+def _pad_packed_sequence(data: torch.Tensor, batch_sizes: torch.Tensor, batch_first: bool, padding_value: float,
+                         total_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's composite (aten/src/ATen/native/PackedSequence.cpp), the same ops: it writes the lengths through a data
+    pointer of a tensor it makes, which a fake tensor does not have. One copy per run of time steps with the same
+    batch size, into an output filled with ``padding_value``; the lengths are a CPU tensor."""
+    sizes = batch_sizes.tolist()
+    steps, batch = len(sizes), (sizes[0] if sizes else 0)
+    if total_length > 0 and total_length < steps:
+        raise RuntimeError(f"Expected total_length to be at least the length of the longest sequence ({steps}), "
+                           f"but got total_length={total_length}")
+    output = data.new_full((max(total_length, steps), batch, *data.shape[1:]), padding_value)
+    offset = start = 0
+    for t in range(1, steps + 1):
+        if t == steps or sizes[t] != sizes[start]:
+            rows = (t - start) * sizes[start]
+            output[start:t, : sizes[start]] = data[offset:offset + rows].view(t - start, sizes[start], *data.shape[1:])
+            offset, start = offset + rows, t
+    lengths = torch.tensor([sum(1 for s in sizes if s > b) for b in range(batch)], dtype=torch.int64, device="cpu")
+    return (output.transpose(0, 1) if batch_first else output), lengths
+
+
 class CudaSemantics:
     """Context manager: while inside, CPU (fake) tensors allocate as CUDA kernels would.
 
@@ -268,6 +289,8 @@ class CudaSemantics:
         # on CUDA, nn.LSTM/GRU/RNN run cuDNN's fused RNN whenever cuDNN takes the input (aten/src/ATen/native/RNN.cpp)
         for rnn_op, mode in (("lstm", "LSTM"), ("gru", "GRU"), ("rnn_tanh", "RNN_TANH"), ("rnn_relu", "RNN_RELU")):
             lib.impl(f"{rnn_op}.input", self.rnn.kernel(mode), "CompositeImplicitAutograd")
+            lib.impl(f"{rnn_op}.data", self.rnn.packed_kernel(mode), "CompositeImplicitAutograd")
+        lib.impl("_pad_packed_sequence", _pad_packed_sequence, "CompositeImplicitAutograd")
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
         self._saved_clear = torch.clear_autocast_cache
         saved, cache = self._saved_clear, self.cache

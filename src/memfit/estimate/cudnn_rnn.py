@@ -82,6 +82,8 @@ class RNNShape:
     layers: int
     directions: int
     itemsize: int
+    rows: int | None = None
+    """Rows of a packed sequence's data (``lstm.data``: no padding); None for a padded batch."""
 
 
 def rnn_reserve_bytes(s: RNNShape) -> int:
@@ -139,7 +141,8 @@ class CudnnRNN(torch.autograd.Function):
             weight_buf = input.new_empty(sum(w.numel() for w in weights))  # kept for backward (result4)
         weight_bytes = sum(w.numel() for w in weights) * s.itemsize
         x = input.transpose(0, 1).contiguous() if batch_first else input.contiguous()  # freed at return
-        output = input.new_empty((s.seq, s.batch, s.directions * s.hidden))
+        rows = (s.seq, s.batch) if s.rows is None else (s.rows,)
+        output = input.new_empty((*rows, s.directions * s.hidden))
         hy = hx.new_empty(hx.shape)
         cy = cx.new_empty(cx.shape) if cx is not None else None
         workspace = input.new_empty(rnn_workspace_bytes(s, weight_bytes), dtype=torch.uint8)
@@ -165,7 +168,7 @@ class CudnnRNN(torch.autograd.Function):
         # backward data: input and output gradient copied to (T, N, .), dx, dhx, dcx, a workspace
         x = input.transpose(0, 1).contiguous() if batch_first else input.contiguous()
         dy = grad_out.transpose(0, 1).contiguous() if batch_first else grad_out.contiguous()
-        dx = input.new_empty((s.seq, s.batch, s.input_size))
+        dx = input.new_empty((*((s.seq, s.batch) if s.rows is None else (s.rows,)), s.input_size))
         dhx = hx.new_empty(hx.shape)
         dcx = cx.new_empty(cx.shape) if cx is not None else None
         workspace = input.new_empty(rnn_workspace_bytes(s, ctx.weight_bytes), dtype=torch.uint8)
@@ -200,9 +203,21 @@ class RNNEmulation:
 
         return run
 
+    def packed_kernel(self, mode: str) -> Callable[..., Any]:
+        """``aten::lstm.data`` and friends: a packed sequence's rows, and its batch sizes (a CPU tensor with values,
+        on CUDA too, and in the trace: memfit.estimate.data_dependent)."""
+        def run(data: torch.Tensor, batch_sizes: torch.Tensor, hx: Any, params: list[torch.Tensor],
+                has_biases: bool, num_layers: int, dropout: float, train: bool, bidirectional: bool) -> Any:
+            h, c = (hx[0], hx[1]) if mode == "LSTM" else (hx, None)
+            sizes = batch_sizes.tolist()
+            return self._call(mode, data, h, c, list(params), has_biases, num_layers, dropout, train,
+                              bidirectional, False, packed=(len(sizes), sizes[0] if sizes else 0))
+
+        return run
+
     def _call(self, mode: str, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None,
               params: list[torch.Tensor], has_biases: bool, num_layers: int, dropout: float, train: bool,
-              bidirectional: bool, batch_first: bool) -> Any:
+              bidirectional: bool, batch_first: bool, packed: tuple[int, int] | None = None) -> Any:
         weight_buf = None
         copy_weights = params[0].dtype == torch.bfloat16  # torch.backends.cudnn never flattens bf16 modules
         half = torch.float16
@@ -220,7 +235,11 @@ class RNNEmulation:
         if dropout > 0 and train and num_layers > 1 and self._dropout_state is None:
             self._dropout_state = input.new_empty(DROPOUT_STATE_BYTES, dtype=torch.uint8)
         directions = 2 if bidirectional else 1
-        seq, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
+        if packed is not None:  # (time steps, largest batch); the reserve and workspace sized as for that padding
+            seq, batch = packed
+        else:
+            seq, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
         shape = RNNShape(mode=mode, seq=seq, batch=batch, input_size=input.shape[-1], hidden=hx.shape[-1],
-                         layers=num_layers, directions=directions, itemsize=input.element_size())
+                         layers=num_layers, directions=directions, itemsize=input.element_size(),
+                         rows=input.shape[0] if packed is not None else None)
         return CudnnRNN.apply(input, hx, cx, weight_buf, shape, batch_first, copy_weights, *params)

@@ -25,11 +25,18 @@ import torch
 
 from memfit import _torch_private as tp
 from memfit.errors import MemfitError, TraceError
-from memfit.estimate import values
+from memfit.estimate import sparse, values
 from memfit.estimate import workspaces as ws
 from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
+from memfit.estimate.data_dependent import (
+    IndexBounds,
+    RealForward,
+    ctc_loss_backward,
+    is_dynamic,
+    size_from_known_values,
+)
 from memfit.estimate.device_calls import user_device_calls
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.library_paths import RealRunPaths
@@ -154,6 +161,10 @@ class _ValuesNeededToTrace(Exception):
     """An op of the step sizes its output by values computed from data: (op, where in the user's code)."""
 
 
+class _ForwardRecorded(Exception):
+    """The real forward and loss of the first step ran (``RealForward``): the rest of the step is not needed."""
+
+
 class _ValuesNeededToBuild(Exception):
     """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
 
@@ -182,8 +193,14 @@ class _InPlaceForeachOps(dict):
 _IN_PLACE_FOREACH = _InPlaceForeachOps()
 
 
+# torch's CPU generator is seeded with this as the batch is made, so that the real forward (RealForward) and the
+# traced steps that follow the batch's values see the same batch; torch.random.fork_rng keeps the caller's state
+_BATCH_SEED = 0
+
+
 class _Recorder(tp.TorchDispatchMode):
-    def __init__(self, gpu: GpuSpec, *, real: bool = False) -> None:
+    def __init__(self, gpu: GpuSpec, *, real: bool = False, batch_values: bool = False,
+                 real_forward: RealForward | None = None) -> None:
         super().__init__()
         self.gpu = gpu
         self.trace = Trace()
@@ -208,14 +225,27 @@ class _Recorder(tp.TorchDispatchMode):
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
         self.real = real
         """Tracing real CPU tensors (a step whose sizes depend on data values), not fake ones."""
-        self.values = values.KnownValues()
+        self.batch_values = batch_values
+        """The batch is made for real and its values are followed too (a step whose sizes depend on the data)."""
+        self.values = values.KnownValues(values.BATCH_MAX_NUMEL if batch_values else values.MAX_NUMEL)
         """Real values of the small tensors computed from constants (memfit.estimate.values)."""
+        self.bounds = IndexBounds()
+        self.sparse = sparse.SparseValues(self.values.value)
+        self.real_forward = real_forward
+        """What the value-dependent ops of one real forward returned: kept there by a real trace, read by a fake one."""
+        self._dynamic_calls = 0  # value-dependent ops so far in this forward and loss (RealForward's order)
+        self.sized_by: dict[str, str] = {}
+        """How the sizes of value-dependent ops were found ("batch", "real forward") -> the first op, where."""
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
     # ------------------------------------------------------------------ events
     def set_phase(self, name: str, step: int) -> None:
         self.phase, self.step = name, step
+        if name == "forward":
+            self._dynamic_calls = 0
+        elif name == "data" and (self.batch_values or self.real):
+            torch.manual_seed(_BATCH_SEED)
         if name != "backward":
             self.module_stack.clear()
         self.trace.phase_marks.append((len(self.trace.ops), name, step))
@@ -344,8 +374,35 @@ class _Recorder(tp.TorchDispatchMode):
         if self.silent:
             return func(*args, **kwargs)
         name = tp.op_short_name(func)
+        call = None  # the index of a value-dependent op in this forward and loss, in RealForward's order
+        if self.phase in ("forward", "loss") and is_dynamic(func, name):
+            call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
         if name in _CUBLAS_OPS:
             self._maybe_cublas_workspace()
+        if name in sparse.RULES and not self.real:
+            # sparse COO tensors (sparse gradients): FakeTensorMode's kernels lose their nnz or have none
+            try:
+                result = sparse.RULES[name](self.sparse, args, kwargs)
+            except sparse.SparseValuesNeeded as exc:
+                raise _ValuesNeededToTrace(str(exc), user_frame()) from exc
+            if result is not None:
+                out, scratch, let_go = result
+                self.costs.record(func, name, args, kwargs, out)
+                for t in _output_tensors(out):
+                    self.track(t, name)
+                self._transient(scratch, f"{name}_scratch", optional=False)
+                del let_go  # the tensors the op replaced: freed now, after its output was allocated
+                return out
+        if _IN_PLACE_FOREACH[func] and not self.real:
+            results = sparse.foreach_in_place(self.sparse, name, args, kwargs)
+            if results is not None:  # sparse tensors: one op per tensor, as CUDA falls back to
+                self.costs.record(func, name, args, kwargs, None)
+                for result in results:
+                    if result is not None:
+                        self.track(result[0], name)
+                        self._transient(result[1], f"{name}_scratch", optional=False)
+                del results  # what the ops replaced goes now, after their outputs were allocated
+                return None
         if _IN_PLACE_FOREACH[func] and _no_constants(args):
             # an in-place foreach op (the optimizer's updates) allocates nothing, and fake tensors have no values
             # to update: FakeTensorMode would only check shapes, at 0.2-0.4 ms a tensor. Tensors with a constant
@@ -367,6 +424,12 @@ class _Recorder(tp.TorchDispatchMode):
                 for t in _output_tensors(out):
                     self.track(t, name)
                 return out
+            out = self._sized_without_all_values(name, args, kwargs, call)
+            if out is not None:
+                self.costs.record(func, name, args, kwargs, out)
+                for t in _output_tensors(out):
+                    self.track(t, name)
+                return out
             if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
                 # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead, see
                 # _build_model. A constructor's .item() reads 0 below, as in the step: timm's models read their
@@ -379,6 +442,12 @@ class _Recorder(tp.TorchDispatchMode):
                 raise
             out = self._data_dependent_scalar(args[0])
         except tp.UnsupportedOperatorException as exc:
+            if name == "_ctc_loss_backward":
+                out, scratch = ctc_loss_backward(args)
+                self.costs.record(func, name, args, kwargs, out)
+                self.track(out, name)
+                self._transient(scratch, f"{name}_scratch", optional=False)
+                return out
             if tp.op_returns_nothing(func):
                 # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
                 # torch 2.13): there is no output to fake and no storage to track
@@ -396,13 +465,16 @@ class _Recorder(tp.TorchDispatchMode):
             out = func(*[a.bfloat16() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args],
                        **kwargs).float()
         if self.real:
-            pass  # every value is real: nothing to follow
-        elif values.small(out):
-            real = self.values.run(func, name, args, kwargs)
+            if call is not None and self.real_forward is not None:
+                self.real_forward.keep(name, args, out)
+        elif self.values.small(out):
+            real = self.values.run(func, name, args, kwargs, random=self.batch_values and self.phase == "data")
             if real is not None:
                 self.values.keep(out, real)
+            self.bounds.follow(name, args, kwargs, out)
         else:
             self.values.forget_written(func, args)
+            self.bounds.follow(name, args, kwargs, out)
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
@@ -434,6 +506,32 @@ class _Recorder(tp.TorchDispatchMode):
             self.track(t, name)
         self._transient(self._kernel_transient(name, args, out), f"{name}_scratch", optional=False)
         return out
+
+    def _sized_without_all_values(self, name: str, args: Any, kwargs: dict[str, Any], call: int | None) -> Any:
+        """The output of a value-dependent op whose inputs' values are not all known (memfit.estimate.data_dependent):
+        a provable size, a size decided by the inputs that have values, or what the real forward's op returned."""
+        if name == "bincount":
+            out = self.bounds.bincount(args, kwargs)
+            if out is not None:
+                return out
+        solved = size_from_known_values(name, args, kwargs, self.values.value)
+        if solved is not None:
+            out, real = solved
+            if real is not None:
+                for f, r in zip(_output_tensors(out), real if isinstance(real, (tuple, list)) else (real,)):
+                    if r is not None:
+                        self.values.keep(f, r)
+            self.sized_by.setdefault("batch", f"{name} at {user_frame()}")
+            return out
+        found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
+        if found is None:
+            return None
+        outs: list[Any] = [None if t is None else _fake_like(t) for t in found.outputs]
+        for f, r in zip(outs, found.outputs):
+            if f is not None and r is not None and r.device.type != "meta":
+                self.values.keep(f, r)
+        self.sized_by.setdefault("real forward", f"{name} at {user_frame()}")
+        return tuple(outs) if found.multiple else outs[0]
 
     def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
         """Scratch memory a CUDA kernel takes and gives back inside one op (memfit.estimate.workspaces has the rules)."""
@@ -558,28 +656,63 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
     state): they are copied rather than traced, which saves a third of the time. If step 2 does not hand over
     to its successor exactly as step 1 handed over to it, every step is traced instead.
 
-    When an op's output size depends on values made from the data (``nonzero``, boolean masks), fake tensors
-    cannot go on: the steps are traced again on real CPU tensors, said in a warning and in ``uncertain``.
+    When an op's output size depends on values (``nonzero``, boolean masks) that neither constants nor a proof
+    give (memfit.estimate.data_dependent), the steps are traced again with the values of one random batch known:
+    a mask made from the labels is then known. If the values come from the model (a detector's proposals), the
+    first step's forward and loss run once for real on the CPU, and the steps are traced again with the sizes it
+    gave. Only if that is not enough either (a value-dependent size in backward) do all the steps run for real.
+    Each way is said in a warning and in ``uncertain``.
     """
     try:
-        return _trace_steps(workload, gpu, steps, real=False)
+        return _trace_steps(workload, gpu, steps)
     except _ValuesNeededToTrace as exc:
         op, where = exc.args
-    msg = (f"the step calls {op} at {where}, whose output size depends on values made from the data, which fake "
-           "tensors do not have: memfit ran the step for real on the CPU (same shapes, random data) to trace it.")
-    log.warning(msg)
+    try:
+        trace = _trace_steps(workload, gpu, steps, batch_values=True)
+        return _sized_from(trace, "the values of one random batch (the workload's batch, made for real on the "
+                           "CPU)", op, where)
+    except _ValuesNeededToTrace as exc:
+        op, where = exc.args
+    log.info("running the forward of %s for real on the CPU: %s at %s sizes its output by values", workload.name,
+             op, where)
+    forward = _real_forward(workload, gpu)
+    try:
+        trace = _trace_steps(workload, gpu, steps, batch_values=True, real_forward=forward)
+        return _sized_from(trace, "one real CPU forward of the first step (same shapes, random data)", op, where)
+    except _ValuesNeededToTrace as exc:
+        op, where = exc.args
     trace = _trace_steps(workload, gpu, steps, real=True)
+    return _sized_from(trace, "every step run for real on the CPU (same shapes, random data)", op, where)
+
+
+def _sized_from(trace: Trace, source: str, op: str, where: str) -> Trace:
+    """Say in ``trace`` that value-dependent sizes (first: ``op`` at ``where``) came from ``source``."""
+    msg = (f"the step calls {op} at {where}, whose output size depends on values that fake tensors do not have: "
+           f"memfit took the sizes from {source}.")
+    log.warning(msg)
     trace.warnings.insert(0, msg)
-    trace.uncertain["data_dependent_shape"] = f"{op} at {where}: sizes from one real CPU step with random data"
+    trace.uncertain["data_dependent_shape"] = f"{op} at {where}: sizes from {source}"
     return trace
 
 
-def _trace_steps(workload: Workload, gpu: GpuSpec, steps: int, *, real: bool) -> Trace:
+def _real_forward(workload: Workload, gpu: GpuSpec) -> RealForward:
+    """What the value-dependent ops of the first step's forward and loss return when run for real on the CPU."""
+    forward = RealForward()
+    try:
+        _trace(workload, gpu, steps=1, real=True, real_forward=forward)
+    except _ForwardRecorded:
+        pass
+    return forward
+
+
+def _trace_steps(workload: Workload, gpu: GpuSpec, steps: int, *, real: bool = False, batch_values: bool = False,
+                 real_forward: RealForward | None = None) -> Trace:
+    run = functools.partial(_trace, workload, gpu, real=real, batch_values=batch_values, real_forward=real_forward)
     if steps > 2 and not real:
-        trace = _trace(workload, gpu, steps=2, real=real)
+        trace = run(steps=2)
         if _repeat_last_step(trace, steps - 2):
             return trace
-    return _trace(workload, gpu, steps=steps, real=real)
+    return run(steps=steps)
 
 
 class _OldObjectsFrozen:
@@ -614,20 +747,24 @@ class _OldObjectsFrozen:
             gc.unfreeze()
 
 
-def _trace(workload: Workload, gpu: GpuSpec, *, steps: int, real: bool = False) -> Trace:
+def _trace(workload: Workload, gpu: GpuSpec, *, steps: int, real: bool = False, batch_values: bool = False,
+           real_forward: RealForward | None = None) -> Trace:
     quiet = _QuietFakeTensorLog()
     _FAKE_TENSOR_LOG.addFilter(quiet)
+    recorder = _Recorder(gpu, real=real, batch_values=batch_values, real_forward=real_forward)
+    # a batch made for real is seeded (_BATCH_SEED): the caller's random state is given back afterwards
+    seeded = torch.random.fork_rng(devices=[]) if real or batch_values else contextlib.nullcontext()
     try:
-        with _OldObjectsFrozen() as old_objects:
-            return _trace_frozen(workload, gpu, steps=steps, old_objects=old_objects, real=real)
+        with _OldObjectsFrozen() as old_objects, seeded:
+            return _trace_frozen(workload, recorder, steps=steps, old_objects=old_objects)
     finally:
         _FAKE_TENSOR_LOG.removeFilter(quiet)
 
 
-def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: _OldObjectsFrozen,
-                  real: bool = False) -> Trace:
-    """One traced run of the protocol; ``real``: on real CPU tensors (every op computes) instead of fake ones."""
-    recorder = _Recorder(gpu, real=real)
+def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:
+    """One traced run of the protocol; with ``recorder.real``, on real CPU tensors (every op computes) instead of
+    fake ones."""
+    real = recorder.real
     # progress for the CLI's spinner (memfit.cli._progress): a large model can take minutes to build
     log.info("building %s (batch %d × %d, %s)", workload.name, workload.batch_size, workload.accumulation_steps,
              workload.precision)
@@ -684,7 +821,7 @@ def _raise_blamed(exc: Exception, during: str, recorder: _Recorder) -> NoReturn:
     """Re-raise what the user's code raised as one line naming its file, line, module and op; memfit's own
     errors (a ``MemfitError``, or a bug raised by memfit's code) go on unchanged, and so does the request for a
     real step (``_ValuesNeededToTrace``)."""
-    if not isinstance(exc, (MemfitError, _ValuesNeededToTrace)):
+    if not isinstance(exc, (MemfitError, _ValuesNeededToTrace, _ForwardRecorded)):
         module = recorder.module_stack[-1] if recorder.module_stack else None
         error = user_code_error(exc, during=during, module=module, op=_failing_op(exc))
         if error is not None:
@@ -833,6 +970,8 @@ def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torc
 
 
 def _on_phase(recorder: _Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
+    if name == "backward" and recorder.real and recorder.real_forward is not None:
+        raise _ForwardRecorded  # the forward and loss gave the sizes: backward would only cost time
     if name == "optimizer" and step == 0:
         recorder.grad_keys = _grad_keys(recorder, optimizer)
     if recorder.phase == "optimizer":

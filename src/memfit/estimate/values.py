@@ -25,15 +25,24 @@ from memfit import _torch_private as tp
 MAX_NUMEL = 1 << 16
 """Tensors of more elements are not followed: index and shape arithmetic is far smaller, data is far larger."""
 
+BATCH_MAX_NUMEL = 1 << 24
+"""The limit when the batch's values are followed too (a retry for a step whose sizes depend on the data): a batch
+of images or of segmentation labels has millions of elements, and the ops on it before the model's first layer
+(normalising, resizing, matching boxes to anchors) are cheap next to the model."""
+
 # factories whose result depends on their arguments alone (no random numbers, no uninitialised memory)
 _FACTORIES = frozenset(
     "arange linspace logspace full zeros ones scalar_tensor eye tensor lift_fresh_copy _to_copy".split()
 )
-# ops that must not run for real even on known inputs: random numbers, or their value is the fake tensor's own
-_NEVER = frozenset(
+# ops that must not run for real on known inputs: random numbers (but see ``KnownValues.run``), or their value is
+# the fake tensor's own
+_RANDOM = frozenset(
     "bernoulli bernoulli_ rand rand_like randn randn_like randint randint_like randperm normal normal_ uniform_ "
-    "exponential_ multinomial empty empty_like empty_strided new_empty new_empty_strided".split()
+    "exponential_ multinomial random_".split()
 )
+_NEVER = _RANDOM | frozenset("empty empty_like empty_strided new_empty new_empty_strided".split())
+# in-place ops whose result does not depend on the tensor they write into: torch.empty(()).fill_(stride) is known
+_OVERWRITE = frozenset("fill_ zero_ copy_".split())
 
 
 _MUTATED: dict[Any, tuple[int, ...]] = {}
@@ -47,10 +56,10 @@ def _mutated(func: Any) -> tuple[int, ...]:
         return found
 
 
-def small(out: Any) -> bool:
+def small(out: Any, max_numel: int = MAX_NUMEL) -> bool:
     """Every tensor of an op's output is small enough to follow its value."""
     found = _tensors(out)
-    return bool(found) and all(t.numel() <= MAX_NUMEL for t in found)
+    return bool(found) and all(t.numel() <= max_numel for t in found)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -64,8 +73,14 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 class KnownValues:
     """The real values of the fake tensors that have one (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_numel: int = MAX_NUMEL) -> None:
         self._real: Any = tp.WeakIdKeyDictionary()
+        self.max_numel = max_numel
+        """Tensors of more elements are not followed."""
+
+    def small(self, out: Any) -> bool:
+        """Every tensor of ``out`` is small enough to follow."""
+        return small(out, self.max_numel)
 
     def value(self, t: torch.Tensor) -> torch.Tensor | None:
         """The real CPU tensor ``t`` stands for, or None when its value is not known."""
@@ -73,18 +88,26 @@ class KnownValues:
             return t  # a real tensor (a constant the user's code made outside the fake mode) is its own value
         return self._real.get(t)
 
-    def _real_args(self, name: str, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+    def _real_args(self, name: str, args: Any, kwargs: dict[str, Any], random: bool,
+                   ) -> tuple[Any, dict[str, Any]] | None:
         """``args`` and ``kwargs`` with every fake tensor replaced by its value; None if one is unknown or big."""
-        if name in _NEVER:
+        if name in _NEVER and not (random and name in _RANDOM):
             return None
         found = _tensors(args) + _tensors(list(kwargs.values()))
-        if not found and name not in _FACTORIES:
+        if not found and name not in _FACTORIES and not random:
             return None
+        # a fill (``torch.empty(()).fill_(n)``, an in-place random draw) overwrites its tensor: its old values do not
+        # matter
+        overwrites = name in _OVERWRITE or (random and name in _RANDOM and name.endswith("_"))
+        filled = args[0] if overwrites and args else None
         for t in found:
-            if t.numel() > MAX_NUMEL or self.value(t) is None:
+            if t.numel() > self.max_numel or (self.value(t) is None and t is not filled):
                 return None
 
         def swap(x: Any) -> Any:
+            if x is filled and isinstance(x, torch.Tensor):
+                with tp.no_dispatch_modes():
+                    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
             if isinstance(x, torch.Tensor):
                 return self.value(x)
             if isinstance(x, (list, tuple)):
@@ -100,10 +123,11 @@ class KnownValues:
                 for t in _tensors(args[i]):
                     self._real.pop(t, None)
 
-    def run(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
+    def run(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], *, random: bool = False) -> Any:
         """The op's real result when all its inputs have known values, else None (and what the op writes into
-        is unknown from now on). Call it only for ops with small outputs: a factory's output is not checked."""
-        real = self._real_args(name, args, kwargs)
+        is unknown from now on). Call it only for ops with small outputs: a factory's output is not checked.
+        ``random``: random ops run too, drawing from torch's CPU generator (a batch made for real)."""
+        real = self._real_args(name, args, kwargs, random)
         if real is None:
             self.forget_written(func, args)
             return None
@@ -119,7 +143,7 @@ class KnownValues:
         if len(fakes) != len(reals):
             return
         for f, r in zip(fakes, reals):
-            if isinstance(f, tp.FakeTensor) and r.numel() <= MAX_NUMEL and tuple(f.shape) == tuple(r.shape):
+            if isinstance(f, tp.FakeTensor) and r.numel() <= self.max_numel and tuple(f.shape) == tuple(r.shape):
                 self._real[f] = r
 
     def scalar(self, t: torch.Tensor) -> Any | None:

@@ -1,0 +1,205 @@
+"""Output sizes of the ops whose sizes depend on tensor values: ``nonzero``, boolean masks, ``bincount`` ...
+
+Fake tensors have no values, so FakeTensorMode refuses these ops (``DynamicOutputShapeException``). The tracer
+answers them here, cheapest first:
+
+1. **Provable without values.** ``bincount(x, minlength=n)`` of indices that ``topk``, ``argmax`` or ``sort``
+   took over a dimension of size <= n has exactly n bins: ``IndexBounds`` follows such indices through views and
+   copies (the load-balancing loss of Hugging Face's MoE models counts the experts each token picked this way).
+2. **Decided by known values.** The op's size depends on some of its arguments only (a boolean mask, sequence
+   lengths), and those have known values (memfit.estimate.values: constants, or the batch's values on a retry):
+   ``size_from_known_values``.
+3. **From one real forward.** Otherwise the values come from the model (a detector's proposals after NMS): the
+   forward and loss of the first step run once for real on the CPU, which keeps what these ops returned, in call
+   order (``RealForward``); the traced steps take their sizes from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memfit import _torch_private as tp
+
+ValueOf = Callable[[torch.Tensor], "torch.Tensor | None"]
+"""The real CPU tensor a (fake) tensor stands for, or None when its values are not known."""
+
+# refused by FakeTensorMode like the tagged ops, but carry no ``dynamic_output_shape`` tag (torch 2.14)
+_UNTAGGED_DYNAMIC = frozenset({"_pack_padded_sequence"})
+
+_DYNAMIC: dict[Any, bool] = {}
+
+
+def is_dynamic(func: Any, name: str) -> bool:
+    """``func``'s output size can depend on its inputs' values (the ops that ``RealForward`` keeps): ATen's ops
+    tagged so, and every op of another library (torchvision's ``nms`` is not tagged), which are few."""
+    try:
+        return _DYNAMIC[func]
+    except KeyError:
+        found = _DYNAMIC[func] = (torch.Tag.dynamic_output_shape in func.tags or name in _UNTAGGED_DYNAMIC
+                                  or func.namespace not in ("aten", "prim"))
+        return found
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _shapes(args: Any) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(t.shape) for t in _tensors(list(args)))
+
+
+# -- 1. provable bounds -------------------------------------------------------------------------------------------
+
+# ops whose output holds some of their input's elements, rearranged (views, copies): a bound on the values holds
+_KEEPS_VALUES = frozenset(
+    "view _unsafe_view reshape permute transpose t expand select slice squeeze unsqueeze clone alias detach "
+    "contiguous narrow unbind split split_with_sizes chunk flatten _to_copy lift_fresh_copy".split()
+)
+
+
+class IndexBounds:
+    """Integer tensors whose values are provably in ``[0, n)``: indices into a dimension of size n."""
+
+    def __init__(self) -> None:
+        self._bound: Any = tp.WeakIdKeyDictionary()
+
+    def follow(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """Note the bounds ``out`` inherits from the op that made it."""
+        if name == "topk":  # (self, k, dim=-1, largest, sorted) -> (values, indices)
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+            self._set(out[1], args[0].size(dim) if args[0].dim() else 1)
+        elif name in ("sort", "max", "min") and isinstance(out, (tuple, list)) and len(out) == 2:
+            dim = kwargs.get("dim", args[1] if len(args) > 1 and isinstance(args[1], int) else -1)
+            self._set(out[1], args[0].size(dim) if args[0].dim() else 1)
+        elif name in ("argmax", "argmin"):
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            self._set(out, args[0].numel() if dim is None else (args[0].size(dim) if args[0].dim() else 1))
+        elif name in _KEEPS_VALUES and args and isinstance(args[0], torch.Tensor) and args[0] in self._bound:
+            bound = self._bound[args[0]]
+            for t in _tensors(out):
+                if t.dtype in (torch.int64, torch.int32) and bound <= torch.iinfo(t.dtype).max:
+                    self._set(t, bound)
+
+    def _set(self, t: Any, bound: int) -> None:
+        if isinstance(t, tp.FakeTensor) and not t.is_floating_point():
+            self._bound[t] = bound
+
+    def bincount(self, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """``bincount``'s output when its size is provable: indices below ``minlength`` give exactly ``minlength``
+        bins (the kernel sizes its output ``max(minlength, max(x) + 1)``: aten/src/ATen/native/SummaryOps.cpp)."""
+        x = args[0]
+        weights = args[1] if len(args) > 1 else kwargs.get("weights")
+        minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+        if weights is not None or x.dim() != 1 or x not in self._bound or not 0 < self._bound[x] <= minlength:
+            return None
+        return torch.empty(minlength, dtype=torch.int64, device=x.device)
+
+
+# -- 2. sizes from known values -----------------------------------------------------------------------------------
+
+
+def size_from_known_values(name: str, args: Any, kwargs: dict[str, Any], value_of: ValueOf,
+                           ) -> tuple[Any, Any] | None:
+    """(fake output, real output or None) of an op whose size is decided by arguments with known values (the
+    other arguments' values do not change it), or None. Runs under the fake mode: new tensors are fake."""
+    if name == "index":  # x[mask] is x[mask.nonzero(as_tuple=True)]: the definition of boolean indexing
+        indices: list[torch.Tensor | None] = []
+        for i in args[1]:
+            if i is not None and i.dtype in (torch.bool, torch.uint8):
+                real = value_of(i)
+                if real is None:
+                    return None
+                with tp.no_dispatch_modes():
+                    indices.extend(real.nonzero().unbind(1))
+            else:
+                indices.append(i)
+        return torch.ops.aten.index.Tensor(args[0], indices), None
+    if name == "masked_select":  # as many elements as the mask, broadcast to the input, has True
+        x, mask = args[0], args[1]
+        real = value_of(mask)
+        if real is None:
+            return None
+        with tp.no_dispatch_modes():
+            n = int(real.expand(torch.broadcast_shapes(x.shape, mask.shape)).count_nonzero())
+        return x.new_empty((n,)), None
+    if name == "_pack_padded_sequence":  # (input, lengths, batch_first): sizes from the lengths alone
+        x, lengths, batch_first = args[0], value_of(args[1]), args[2]
+        if lengths is None:
+            return None
+        with tp.no_dispatch_modes():  # the real kernel on a stand-in without the feature dimensions
+            data, batch_sizes = tp.pack_padded_sequence_op(torch.zeros(x.shape[:2]), lengths, batch_first)
+        # the batch sizes stay a real CPU tensor, as on CUDA: the RNN kernels read them
+        return (x.new_empty((data.shape[0], *x.shape[2:])), batch_sizes), None
+    if name == "_ctc_loss":  # (log_probs (T, N, C) or (T, C), targets, input_lengths, target_lengths, ...)
+        log_probs, target_lengths = args[0], args[3]
+        if isinstance(target_lengths, torch.Tensor):
+            target_lengths = value_of(target_lengths)
+            if target_lengths is None:
+                return None
+            with tp.no_dispatch_modes():
+                target_lengths = target_lengths.tolist()
+        longest = max(target_lengths, default=0)
+        steps, batch = log_probs.shape[0], (log_probs.shape[1] if log_probs.dim() == 3 else 1)
+        # both kernels: neg_log_likelihood (N,) and log_alpha (N, T, 2 * max target length + 1)
+        # (aten/src/ATen/native/LossCTC.cpp, aten/src/ATen/native/cuda/LossCTC.cu)
+        return (log_probs.new_empty((batch,)), log_probs.new_empty((batch, steps, 2 * longest + 1))), None
+    return None
+
+
+def ctc_loss_backward(args: Any) -> tuple[torch.Tensor, int]:
+    """(grad of log_probs, scratch bytes) of ``_ctc_loss_backward``, which has no fake kernel (torch 2.14): the
+    gradient is shaped like ``log_probs``; CUDA's kernel also takes a ``log_beta`` shaped like ``log_alpha`` for the
+    call (aten/src/ATen/native/cuda/LossCTC.cu, ctc_loss_backward_gpu_template)."""
+    log_probs, log_alpha = args[1], args[6]
+    return log_probs.new_empty(log_probs.shape), log_alpha.numel() * log_alpha.element_size()
+
+
+# -- 3. one real forward ------------------------------------------------------------------------------------------
+
+KEEP_NUMEL = 1 << 16
+"""Outputs of at most this many elements are kept with their values (indices, counts); larger ones as shapes."""
+
+
+@dataclass
+class _Returned:
+    name: str
+    shapes: tuple[tuple[int, ...], ...]
+    outputs: list[torch.Tensor | None]
+    """What the op returned: small tensors real, with their values; large ones as meta tensors (shape only)."""
+    multiple: bool
+    """The op returned a tuple (``outputs`` in its order), not one tensor."""
+
+
+@dataclass
+class RealForward:
+    """What the value-dependent ops (``is_dynamic``) of one real forward and loss returned, in call order."""
+
+    returned: list[_Returned] = field(default_factory=list)
+    first_op: str = ""
+    """The first op whose values came from the model (not from the batch or constants): named in the warning."""
+
+    def keep(self, name: str, args: Any, out: Any) -> None:
+        kept: list[torch.Tensor | None] = []
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if not isinstance(t, torch.Tensor):
+                kept.append(None)
+            elif t.numel() <= KEEP_NUMEL:
+                kept.append(t.detach().clone())
+            else:
+                kept.append(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
+        self.returned.append(_Returned(name, _shapes(args), kept, isinstance(out, (tuple, list))))
+
+    def lookup(self, index: int, name: str, args: Any) -> _Returned | None:
+        """The real forward's ``index``-th value-dependent op, if it is this call (same op, same input shapes)."""
+        if index >= len(self.returned):
+            return None
+        found = self.returned[index]
+        return found if found.name == name and found.shapes == _shapes(args) else None

@@ -1,0 +1,149 @@
+"""Value-dependent sizes (memfit.estimate.data_dependent): proven, decided by the batch's values, or taken from one
+real forward; each a small CPU step whose sizes can be worked out by hand."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from memfit import Workload
+from memfit.estimate import trace as trace_module
+from memfit.estimate.gpus import gpu_spec
+from memfit.estimate.trace import trace_workload
+
+GPU = gpu_spec("h100")
+EXPERTS, TOKENS, TOP_K = 8, 512, 2
+
+
+def _sgd(p):  # noqa: ANN001, ANN202
+    return torch.optim.SGD(p, lr=0.1)
+
+
+def _router_loss(minlength: int):  # noqa: ANN202
+    def loss(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:
+        # a MoE load-balancing loss: how many tokens picked each expert
+        picked = out.softmax(-1).topk(TOP_K, dim=-1).indices
+        counts = torch.bincount(picked.reshape(-1), minlength=minlength).float()
+        return (counts * out.mean(0)).sum()
+
+    return loss
+
+
+def _router(minlength: int) -> Workload:
+    return Workload(model=lambda: torch.nn.Linear(64, EXPERTS), batch=lambda n: (torch.randn(n, 64),),
+                    loss=_router_loss(minlength), optimizer=_sgd, batch_size=TOKENS)
+
+
+def test_bincount_of_topk_indices_has_one_bin_per_expert_without_any_values():
+    trace = trace_workload(_router(EXPERTS), GPU)
+    assert "data_dependent_shape" not in trace.uncertain and not trace.warnings
+    counts = [a for a in trace.allocs if a.op == "bincount"]
+    assert counts and all(a.shape == (EXPERTS,) and a.nbytes == EXPERTS * 8 for a in counts)
+
+
+def test_bincount_with_too_few_bins_for_its_indices_is_not_proven():
+    # indices up to 7, minlength 4: the bins are max(4, largest + 1), which only the values tell
+    trace = trace_workload(_router(EXPERTS // 2), GPU)
+    assert "data_dependent_shape" in trace.uncertain
+
+
+def _masked_select_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return out.masked_select(batch[1] > 0).square().mean()  # the labels' values decide the size
+
+
+def test_a_mask_made_from_the_labels_is_sized_by_the_batch_values_without_a_real_step(monkeypatch):  # noqa: ANN001
+    monkeypatch.setattr(trace_module, "_real_forward", _no_real_forward)
+    w = Workload(model=lambda: torch.nn.Linear(256, 256), loss=_masked_select_loss, optimizer=_sgd, batch_size=64,
+                 batch=lambda n: (torch.randn(n, 256), torch.randint(0, 2, (n, 256))))  # P(label > 0) = 1/2
+    trace = trace_workload(w, GPU)
+    assert "one random batch" in trace.uncertain["data_dependent_shape"]
+    # the same seeded batch the trace made: as many elements as its labels have > 0
+    torch.manual_seed(trace_module._BATCH_SEED)
+    selected = int((w.make_batch(64)[1] > 0).sum())
+    assert 0.3 * 64 * 256 < selected < 0.7 * 64 * 256
+    assert [a.nbytes for a in trace.allocs if a.op == "masked_select"] == [selected * 4] * 3  # one per step
+
+
+def _no_real_forward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    raise AssertionError("the step ran for real although the batch's values decide its sizes")
+
+
+class _Packed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.GRU(16, 32)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(pack_padded_sequence(x, lengths, enforce_sorted=False))
+        return out.data
+
+
+def test_a_packed_sequence_has_one_row_per_real_time_step(monkeypatch):  # noqa: ANN001
+    monkeypatch.setattr(trace_module, "_real_forward", _no_real_forward)
+    w = Workload(model=_Packed, optimizer=_sgd, batch_size=8, loss=lambda out, b: out.square().mean(),
+                 batch=lambda n: (torch.randn(50, n, 16), torch.randint(1, 51, (n,))),
+                 forward=lambda m, b: m(b[0], b[1]))
+    trace = trace_workload(w, GPU)
+    torch.manual_seed(trace_module._BATCH_SEED)
+    rows = int(w.make_batch(8)[1].sum())
+    packed = [a for a in trace.allocs if a.op == "_pack_padded_sequence" and a.dtype == "float32"]
+    assert packed and all(a.shape == (rows, 16) for a in packed)
+    assert any(a.shape == (rows, 32) for a in trace.allocs if a.category == "activations")  # the GRU's output
+
+
+def _ctc_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    log_probs = out.log_softmax(-1).transpose(0, 1)  # (T, N, C)
+    steps = torch.full((out.shape[0],), out.shape[1], dtype=torch.long)
+    return F.ctc_loss(log_probs, batch[1], steps, batch[2])
+
+
+def test_ctc_keeps_alphas_for_the_longest_target_of_the_batch(monkeypatch):  # noqa: ANN001
+    monkeypatch.setattr(trace_module, "_real_forward", _no_real_forward)
+    w = Workload(model=lambda: torch.nn.Linear(8, 20), optimizer=_sgd, batch_size=4, loss=_ctc_loss,
+                 batch=lambda n: (torch.randn(n, 100, 8), torch.randint(1, 20, (n, 30)), torch.randint(5, 31, (n,))))
+    trace = trace_workload(w, GPU)
+    torch.manual_seed(trace_module._BATCH_SEED)
+    longest = int(w.make_batch(4)[2].max())
+    alphas = [a for a in trace.allocs if a.op == "_ctc_loss" and len(a.shape) == 3]
+    assert alphas and all(a.shape == (4, 100, 2 * longest + 1) for a in alphas)
+
+
+def _loss_of_the_positive_outputs(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:
+    return out[out[:, 0] > 0].square().mean()  # the model's own values decide the size
+
+
+def test_sizes_from_the_models_values_come_from_one_real_forward():
+    torch.manual_seed(1)
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
+                 loss=_loss_of_the_positive_outputs, optimizer=_sgd, batch_size=512)
+    trace = trace_workload(w, GPU)
+    assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
+    rows = {a.shape[0] for a in trace.allocs if a.op == "index"}
+    assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512  # about half the outputs are positive
+
+
+class _FailsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        raise AssertionError("the real forward ran backward")
+
+
+def test_the_real_forward_stops_before_backward():
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
+                 loss=lambda out, b: _loss_of_the_positive_outputs(_FailsInBackward.apply(out), b),
+                 optimizer=_sgd, batch_size=32)
+    forward = trace_module._real_forward(w, GPU)
+    assert [r.name for r in forward.returned] == ["index"]
+
+
+@pytest.mark.parametrize("shapes_differ", [False, True])
+def test_a_real_forward_is_used_only_where_the_same_op_gets_the_same_shapes(shapes_differ: bool) -> None:
+    forward = trace_module.RealForward()
+    forward.keep("nonzero", (torch.ones(4, dtype=torch.bool),), torch.arange(4).unsqueeze(1))
+    args = (torch.ones(5 if shapes_differ else 4, dtype=torch.bool),)
+    assert (forward.lookup(0, "nonzero", args) is None) == shapes_differ
+    assert forward.lookup(0, "masked_select", args) is None and forward.lookup(1, "nonzero", args) is None
