@@ -632,7 +632,7 @@ def _trace_frozen(workload: Workload, gpu: GpuSpec, *, steps: int, old_objects: 
         torch.nn.modules.module.register_module_forward_hook(recorder.post_forward),
     ]
     try:
-        with fake_mode, recorder, CudaSemantics():
+        with fake_mode, recorder, CudaSemantics(gpu):
             try:
                 with user_device_calls():  # Net().cuda(), .to(device), device="cuda" in the factories
                     model, optimizer, batch = build(
