@@ -8,6 +8,7 @@ autocast (the output dtype says what autocast ran), dropout between layers and t
 
     PYTHONPATH=$PWD/src python benchmarks/estimate/rnn_allocations.py            # GPU, about 3 minutes; -> $OUT
     python benchmarks/estimate/rnn_allocations.py --quick                        # list the grid, no GPU needed
+    PYTHONPATH=$PWD/src python benchmarks/estimate/rnn_allocations.py --long     # beyond that range, ~1 minute
 
 Writes ``rnn_allocations_<card>_torch<X.Y>_<yyyymmdd>.json``: per case its shape, the output's dtype and strides,
 and the ``[action, bytes]`` events of forward and of backward (alloc / free_completed, in order).
@@ -55,6 +56,30 @@ def grid(quick: bool) -> list[dict]:
     return cases[:12] if quick else cases
 
 
+def long_grid(quick: bool) -> list[dict]:
+    """Where the main grid's rules are not measured: long sequences (one-direction LSTMs of 2+ layers take less
+    workspace at T=500 than the rule), 4-6 layers, hidden sizes above 1024, narrow inputs at 2 layers."""
+    cases = []
+    for mode, layers, directions, seq, precision in itertools.product(
+            ("LSTM", "GRU"), (2, 3), (1, 2), (256, 384, 512, 768, 1000), ("fp32", "autocast_bf16")):
+        cases.append(dict(mode=mode, hidden=512, input_size=512, layers=layers, directions=directions, seq=seq,
+                          batch=16, precision=precision, dropout=0.0))
+    for mode, layers, directions in itertools.product(("LSTM", "GRU"), (4, 6), (1, 2)):
+        cases.append(dict(mode=mode, hidden=256, input_size=256, layers=layers, directions=directions, seq=128,
+                          batch=32, precision="fp32", dropout=0.0))
+    for mode, hidden, directions in itertools.product(("LSTM", "GRU"), (1536, 2048), (1, 2)):
+        cases.append(dict(mode=mode, hidden=hidden, input_size=hidden, layers=1, directions=directions, seq=64,
+                          batch=32, precision="autocast_bf16", dropout=0.0))
+    for mode, directions, precision in itertools.product(("LSTM", "GRU"), (1, 2), ("fp32", "fp16")):
+        cases.append(dict(mode=mode, hidden=512, input_size=80, layers=2, directions=directions, seq=128, batch=32,
+                          precision=precision, dropout=0.0))
+    for hidden, input_size in ((512, 256), (256, 512)):  # the fp16 persistent LSTM with I != H
+        cases.append(dict(mode="LSTM", hidden=hidden, input_size=input_size, layers=1, directions=1, seq=128,
+                          batch=32, precision="fp16", dropout=0.0))
+    random.Random(0).shuffle(cases)
+    return cases[:12] if quick else cases
+
+
 _MARK_BYTES = 1536 + 7  # an odd size nothing else asks for: marks where a phase starts in the ring buffer
 
 
@@ -99,8 +124,9 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--quick", action="store_true", help="list the grid (and run 12 cases if a GPU is there)")
     parser.add_argument("--budget-s", type=float, default=210.0, help="stop starting new cases after this long")
+    parser.add_argument("--long", action="store_true", help="the grid beyond the main one's range (long_grid)")
     args = parser.parse_args()
-    cases = grid(args.quick)
+    cases = long_grid(args.quick) if args.long else grid(args.quick)
     print(f"{len(cases)} cases")
     if not torch.cuda.is_available():
         print("no GPU: nothing measured")
@@ -124,7 +150,8 @@ def main() -> None:
     result = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(),
               "cases_planned": len(cases), "elapsed_s": round(time.perf_counter() - started, 1), "rows": rows}
-    path = Path(args.out) / f"{stem('rnn_allocations', card(props.name), torch.__version__)}.json"
+    name = "rnn_allocations_long" if args.long else "rnn_allocations"
+    path = Path(args.out) / f"{stem(name, card(props.name), torch.__version__)}.json"
     path.write_text(json.dumps(result))
     print(f"{len(rows)} of {len(cases)} cases -> {path}")
 

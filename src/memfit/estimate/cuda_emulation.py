@@ -31,6 +31,7 @@ import torch
 
 from memfit import _torch_private as tp
 from memfit.estimate.cudnn_rnn import RNNEmulation
+from memfit.estimate.gpus import GpuSpec
 
 log = logging.getLogger(__name__)
 
@@ -259,16 +260,16 @@ def _pad_packed_sequence(data: torch.Tensor, batch_sizes: torch.Tensor, batch_fi
 
 
 class CudaSemantics:
-    """Context manager: while inside, CPU (fake) tensors allocate as CUDA kernels would.
+    """Context manager: while inside, CPU (fake) tensors allocate as CUDA kernels would on ``gpu`` (default H100).
 
     Example:
         >>> with CudaSemantics():
         ...     y = torch.nn.functional.dropout(torch.ones(4), 0.5)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gpu: GpuSpec | None = None) -> None:
         self.cache = _CastCache()
-        self.rnn = RNNEmulation()
+        self.rnn = RNNEmulation(gpu)
         self._override = tp.override_library("aten")
         self._saved_clear: Callable[[], None] | None = None
 

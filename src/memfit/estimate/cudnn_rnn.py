@@ -15,64 +15,88 @@ and with the same lifetimes, read from ``aten/src/ATen/native/cudnn/RNN.cpp`` an
 * **Forward** keeps the output, ``hy``, ``cy`` and a reserve buffer for backward; a workspace lives only inside the
   call. **Backward** makes two calls (data, then weights), each with its own workspace and input copy; the data call
   also copies the output's gradient to (T, N, D*H), the weight call returns views of one flat gradient buffer.
-* **Dropout between layers** takes a dropout state, allocated on the first call and kept by PyTorch for the process.
+* **Dropout** takes a dropout state, allocated on the first training call with dropout > 0 and kept by PyTorch for
+  the process; between layers its masks add to the reserve.
+* **The algorithm** PyTorch asks cuDNN for (``get_algo``: the small-hidden persistent kernel, the fp16 persistent
+  kernel, else the standard one) depends on the sizes, the dtype, the GPU and the direction (forward or backward).
 
-The sizes cuDNN computes itself (``cudnnGetRNNTempSpaceSizes``: reserve and workspace) come from measured rules:
-``rnn_reserve_bytes`` and ``rnn_workspace_bytes``.
+The sizes cuDNN computes itself (``cudnnGetRNNTempSpaceSizes``: reserve and workspace) come from rules measured
+allocation by allocation: ``rnn_reserve_bytes`` and ``rnn_workspace_bytes``. The emulation reproduces the order and
+sizes of every allocation of 966 measured calls (workspaces within 1.1 %, the rest exact; see tests/test_cudnn_rnn.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
+
+from memfit.estimate.gpus import GpuSpec, gpu_spec
 
 MiB = 1 << 20
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
-# Reserve space per layer, in T*N*H*D elements: the gates' activations per step plus the layer's output, less the
-# last layer's output (that is ``output`` itself): k*L - 1 with k = 6 for an LSTM (4 gates, cell, output), 7 for a
-# GRU, 2 for a tanh/ReLU RNN. Within 4 % of the 20 MB+ calls of 192 shapes, 1-3 layers, 1-2 directions, fp32 and bf16 (the bf16
-# rows once the per-call weight copy is taken out): benchmarks/results/estimate/cudnn_calibration_rnn_h200_torch2.11_20261126.json
+Algorithm = Literal["standard", "persist_static", "persist_static_small_h"]
+
+# All sizes below: H200 (132 SMs), torch 2.11, cuDNN 9.19, read allocation by allocation from
+# benchmarks/results/estimate/rnn_allocations_h200_torch2.11_20261126.json (966 forward/backward calls; H 128-1024,
+# input sizes 80 and H, 1-3 layers, 1-2 directions, fp32, fp16 and autocast, dropout) and the peaks of
+# benchmarks/results/estimate/cudnn_calibration_rnn_h200_torch2.11_20261126.json (H 96 and 384, T up to 500, bf16).
+
+# Reserve space in T*N*H*D elements: per layer the gates' activations plus the layer's output, less the last layer's
+# output (that is ``output`` itself): k*L - 1 with k = 6 for an LSTM, 7 for a GRU, 2 for a tanh/ReLU RNN. Exact
+# (to the allocator's 512-byte rounding) on all 966 calls, every algorithm and dtype.
 RESERVE_PER_LAYER = {"LSTM": 6, "GRU": 7, "RNN_TANH": 2, "RNN_RELU": 2}
+# Dropout between layers adds its masks to the reserve: 2 bits per element of each layer's output but the last's
+# (T*N*D*H*(L-1)/4 bytes, exact on the file's 8 dropout calls).
+DROPOUT_MASK_BITS = 2
 
-# Workspace (cudnnGetRNNTempSpaceSizes, training mode; forward and backward ask the same question) measured on the
-# same calibration grid, H200, torch 2.11, cuDNN 9.19 (forward: peak minus what stays minus the input copy; backward:
-# the same, less the gradients it returns). It is 8 MiB per layer and direction, plus the weights' bytes, plus a
-# multiple of T*N*H (times the element size) that depends on the directions and the layers:
+# Workspace (cudnnGetRNNTempSpaceSizes), the same for forward, backward data and backward weights when they run the
+# same algorithm: 8 MiB per layer and direction, plus the weights' bytes, plus, in elements of the call's dtype,
+# a*T*N*H + b*T*N*I + c*L*N*H. (a, b, c) by algorithm, mode, directions and one layer or more:
 _WORKSPACE_PER_LAYER_BYTES = 8 * MiB
-# T*N*H multiples at T=500 (at T=40 up to 0.5 higher), the same for H=96 and H=384 in bf16 and for H=384 in fp32.
-# One direction: 6.0 for one layer, 5.15 for three, 5.58 for the issue-13 LSTM LM (2 layers, H=1024, I=512, fp32,
-# benchmarks/results/estimate/gap_traces_h200_torch2.11_20261126.tar.gz): linear in the layers, 6.43 - 0.43 L,
-# held at its 3-layer value beyond (no measurement there).
-# Two directions (one and three layers): the 3-layer bidirectional fp32 GRU over 1000 steps of the same traces
-# (H=256, I=64) took 12.5 where the grid (I=H=384) says 14.1.
-_WORKSPACE_TNH_ONE_DIRECTION = (6.425, -0.425)  # (at zero layers, per layer)
-_WORKSPACE_TNH_TWO_DIRECTIONS = {  # deep (2+ layers) -> {mode: multiple}
-    False: {"LSTM": 15.1, "GRU": 13.1, "RNN_TANH": 12.1},
-    True: {"LSTM": 15.2, "GRU": 14.1, "RNN_TANH": 14.1},
+_WorkspaceKey = tuple[str, str, int, bool]  # (algorithm, mode, directions, more than one layer)
+_WORKSPACE: dict[_WorkspaceKey, tuple[float, float, float]] = {
+    # integer fits, within 0.1 % of every call (input sizes 80 and H; 2 layers with I = H only, which the 1- and
+    # 3-layer coefficients reproduce)
+    ("standard", "LSTM", 1, False): (5, 1, 10), ("standard", "LSTM", 1, True): (5, 1, 10),
+    ("standard", "LSTM", 2, False): (14, 1, 24), ("standard", "LSTM", 2, True): (14, 1, 24),
+    ("standard", "GRU", 1, False): (4, 2, 5),
+    ("standard", "GRU", 2, False): (12, 1, 14), ("standard", "GRU", 2, True): (12, 2, 14),
+    ("persist_static_small_h", "LSTM", 1, False): (21, 1, 8), ("persist_static_small_h", "LSTM", 1, True): (21, 1, 8),
+    ("persist_static_small_h", "LSTM", 2, False): (30, 1, 18), ("persist_static_small_h", "LSTM", 2, True): (30, 1, 18),
+    ("persist_static_small_h", "GRU", 1, False): (18, 2, 6), ("persist_static_small_h", "GRU", 1, True): (19, 2, 6),
+    ("persist_static_small_h", "GRU", 2, False): (24, 2, 14), ("persist_static_small_h", "GRU", 2, True): (26, 2, 14),
+    # least squares on the 106 deep one-direction GRU calls: within 1.1 % of each (and of the grid's T=500 rows)
+    ("standard", "GRU", 1, True): (3.845, 1.26, 10.5),
+    # the persistent fp16 LSTM (one layer, I % 128 == 0): measured with I = H only, 22*T*N*H + 8*N*H; the split
+    # between H and I is assumed to be the small-H persistent kernel's
+    ("persist_static", "LSTM", 1, False): (21, 1, 8),
+    # tanh/ReLU RNNs: the calibration grid (I = H) and the file's 2-layer calls give a + b; b = 1 is assumed
+    ("standard", "RNN_TANH", 1, False): (5, 1, 4), ("standard", "RNN_TANH", 1, True): (4, 1, 12),
+    ("standard", "RNN_TANH", 2, False): (11, 1, 11.5), ("standard", "RNN_TANH", 2, True): (13, 1, 11.5),
+    ("persist_static_small_h", "RNN_TANH", 1, False): (14, 1, 5),
+    ("persist_static_small_h", "RNN_TANH", 1, True): (15, 1, 5),
+    ("persist_static_small_h", "RNN_TANH", 2, False): (20, 1, 18),
+    ("persist_static_small_h", "RNN_TANH", 2, True): (22, 1, 12),
+    ("persist_static", "RNN_TANH", 1, False): (14, 1, 5),  # not measured: the small-H kernel's
 }
-# fp32 with a small hidden size takes more: the multiples measured at H=96 (and, for tanh, H=384), the sizes for which
-# PyTorch picks cuDNN's small-hidden persistent forward algorithm (RNN.cpp, use_rnn_persist_small_h: LSTM/GRU up to
-# 192, tanh/ReLU up to 384). bf16 rows show no such change.
-_SMALL_H = {"LSTM": 192, "GRU": 192, "RNN_TANH": 384}
-_WORKSPACE_TNH_FP32_SMALL_H = {
-    1: {"LSTM": 22.0, "GRU": 20.0, "RNN_TANH": 15.5},
-    2: {"LSTM": 31.0, "GRU": 26.0, "RNN_TANH": 21.0},
-}
+# Known misses, both over: one-direction LSTMs of 2+ layers over 500 steps take 3-13 % less (calibration grid);
+# nothing was measured beyond 3 layers (the 3-layer coefficients are used) or 1024 hidden units.
 
-# PyTorch keeps one cuDNN dropout state per GPU for the whole process, "slightly over 2MB"
-# (aten/src/ATen/native/cudnn/RNN.cpp, get_dropout_state).
-DROPOUT_STATE_BYTES = 2 * MiB
+# PyTorch keeps one cuDNN dropout state per GPU for the whole process (RNN.cpp, get_dropout_state), made on the first
+# training call with dropout > 0: 6,488,064 B on the H200's 132 SMs, i.e. 48 KiB per SM (scaling by the SM count is
+# assumed: cudnnDropoutGetStatesSize depends on the GPU).
+DROPOUT_STATE_BYTES_PER_SM = 48 * 1024
 
 
 @dataclass(frozen=True)
 class RNNShape:
     """What sizes a cuDNN RNN call: ``mode`` (LSTM, GRU, RNN_TANH, RNN_RELU), sequence length, batch, input and
-    hidden sizes, layers, directions and the element size of the call's dtype."""
+    hidden sizes, layers, directions and the call's dtype."""
 
     mode: str
     seq: int
@@ -81,14 +105,45 @@ class RNNShape:
     hidden: int
     layers: int
     directions: int
-    itemsize: int
+    dtype: torch.dtype
     rows: int | None = None
     """Rows of a packed sequence's data (``lstm.data``: no padding); None for a padded batch."""
 
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
 
-def rnn_reserve_bytes(s: RNNShape) -> int:
-    """The reserve space one training call keeps from forward to backward."""
-    return s.seq * s.batch * s.hidden * s.directions * (RESERVE_PER_LAYER[s.mode] * s.layers - 1) * s.itemsize
+
+def rnn_algorithm(s: RNNShape, gpu: GpuSpec, *, forward: bool) -> Algorithm:
+    """The algorithm PyTorch asks cuDNN for (aten/src/ATen/native/cudnn/RNN.cpp, get_algo; unpacked input) and, for
+    bf16, the one cuDNN's workspace sizes show it runs: the standard one (calibration grid, H=96)."""
+    major, minor = gpu.compute_capability
+    tanh = s.mode in ("RNN_TANH", "RNN_RELU")
+    if s.dtype == torch.bfloat16 or s.rows is not None:
+        return "standard"  # bf16: measured; packed input: not followed in get_algo nor measured, taken as standard
+    # use_rnn_persist_small_h: backward keeps it for smaller hidden sizes than forward
+    if major >= 6 and s.hidden <= ((384 if forward else 256) if tanh else (192 if forward else 128)):
+        return "persist_static_small_h"
+    if s.dtype != torch.float16 or not (s.layers == 1 and s.directions == 1 and s.hidden <= 1024
+                                        and s.hidden % 128 == 0 and s.input_size % 128 == 0):
+        return "standard"  # use_persist_common_heuristics
+    n, t = s.batch, s.seq
+    if major == 7 and minor != 5:  # use_persist_device_heuristics, Volta
+        persist = (((n % 16 == 0 and n not in (80, 112)) or n == 8)
+                   and ((t >= 40 and n <= 128) or (t >= 20 and n <= 96) or (t >= 10 and n <= 32)))
+    elif major >= 8 and gpu.sm_count >= 98 and minor != 6:
+        persist = (s.mode == "LSTM" and n % 8 == 0 and n <= 128) or (
+            tanh and n % 8 == 0 and n <= 128 and (n < 96 or s.hidden < 896))
+    else:
+        persist = False
+    return "persist_static" if persist else "standard"
+
+
+def rnn_reserve_bytes(s: RNNShape, *, dropout: bool = False) -> int:
+    """The reserve space one training call keeps from forward to backward (with dropout: its masks too)."""
+    per_step = s.seq * s.batch * s.hidden * s.directions
+    masks = per_step * (s.layers - 1) * DROPOUT_MASK_BITS // 8 if dropout else 0
+    return per_step * (RESERVE_PER_LAYER[s.mode] * s.layers - 1) * s.itemsize + masks
 
 
 def rnn_weight_numel(s: RNNShape, bias: bool = True) -> int:
@@ -100,18 +155,27 @@ def rnn_weight_numel(s: RNNShape, bias: bool = True) -> int:
     return s.directions * (first + (s.layers - 1) * deeper)
 
 
-def rnn_workspace_bytes(s: RNNShape, weight_bytes: int) -> int:
-    """The workspace of one cuDNN RNN call (forward, backward data or backward weights)."""
+def rnn_workspace_bytes(s: RNNShape, weight_bytes: int, algorithm: Algorithm) -> int:
+    """The workspace of one cuDNN RNN call (forward, backward data or backward weights) running ``algorithm``."""
     mode = "RNN_TANH" if s.mode == "RNN_RELU" else s.mode
-    if s.directions == 1:
-        base, per_layer = _WORKSPACE_TNH_ONE_DIRECTION
-        multiple = (base + per_layer * min(s.layers, 3)) * s.hidden  # no data beyond 3 layers: held there
-    else:
-        multiple = _WORKSPACE_TNH_TWO_DIRECTIONS[s.layers > 1][mode] * s.hidden
-    if s.itemsize == 4 and s.hidden <= _SMALL_H[mode]:
-        multiple = _WORKSPACE_TNH_FP32_SMALL_H[s.directions][mode] * s.hidden
-    per_step = int(multiple * s.seq * s.batch) * s.itemsize
-    return _WORKSPACE_PER_LAYER_BYTES * s.layers * s.directions + weight_bytes + per_step
+    a, b, c = _WORKSPACE[(algorithm, mode, s.directions, s.layers > 1)]
+    tn = s.seq * s.batch
+    elements = a * tn * s.hidden + b * tn * s.input_size + c * s.layers * s.batch * s.hidden
+    return _WORKSPACE_PER_LAYER_BYTES * s.layers * s.directions + weight_bytes + int(elements) * s.itemsize
+
+
+def dropout_state_bytes(gpu: GpuSpec) -> int:
+    """The cuDNN dropout state PyTorch keeps for the process once a call uses dropout."""
+    return DROPOUT_STATE_BYTES_PER_SM * gpu.sm_count
+
+
+@dataclass(frozen=True)
+class _Call:
+    """How cuDNN runs one call: the forward and backward algorithms, and whether the reserve keeps dropout masks."""
+
+    forward: Algorithm
+    backward: Algorithm
+    dropout: bool
 
 
 def _slices(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -129,12 +193,13 @@ class CudnnRNN(torch.autograd.Function):
 
     ``weight_buf`` is the flat weight buffer when the weights are views into one made for this call (autocast),
     else None; ``copy_weights`` says the weights are not flat, so the call copies them into one (bf16 modules).
+    ``call`` says how cuDNN runs it: the forward and backward algorithms and whether dropout masks are kept.
     """
 
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None,
                 weight_buf: torch.Tensor | None, shape: RNNShape, batch_first: bool, copy_weights: bool,
-                *weights: torch.Tensor) -> Any:
+                call: _Call, *weights: torch.Tensor) -> Any:
         ctx.set_materialize_grads(False)
         s = shape
         if weight_buf is None and copy_weights:
@@ -145,12 +210,12 @@ class CudnnRNN(torch.autograd.Function):
         output = input.new_empty((*rows, s.directions * s.hidden))
         hy = hx.new_empty(hx.shape)
         cy = cx.new_empty(cx.shape) if cx is not None else None
-        workspace = input.new_empty(rnn_workspace_bytes(s, weight_bytes), dtype=torch.uint8)
-        reserve = input.new_empty(rnn_reserve_bytes(s), dtype=torch.uint8)
+        workspace = input.new_empty(rnn_workspace_bytes(s, weight_bytes, call.forward), dtype=torch.uint8)
+        reserve = input.new_empty(rnn_reserve_bytes(s, dropout=call.dropout), dtype=torch.uint8)
         del workspace, x  # taken and given back inside the call
         out = output.transpose(0, 1) if batch_first else output
         ctx.save_for_backward(input, hx, cx, out, reserve, weight_buf, *weights)
-        ctx.shape, ctx.batch_first, ctx.weight_bytes = s, batch_first, weight_bytes
+        ctx.shape, ctx.batch_first, ctx.weight_bytes, ctx.algorithm = s, batch_first, weight_bytes, call.backward
         return (out, hy) if cy is None else (out, hy, cy)
 
     @staticmethod
@@ -171,27 +236,29 @@ class CudnnRNN(torch.autograd.Function):
         dx = input.new_empty((*((s.seq, s.batch) if s.rows is None else (s.rows,)), s.input_size))
         dhx = hx.new_empty(hx.shape)
         dcx = cx.new_empty(cx.shape) if cx is not None else None
-        workspace = input.new_empty(rnn_workspace_bytes(s, ctx.weight_bytes), dtype=torch.uint8)
-        del workspace, x, dy
+        workspace = input.new_empty(rnn_workspace_bytes(s, ctx.weight_bytes, ctx.algorithm), dtype=torch.uint8)
+        del workspace, dy, x  # the measured calls free the gradient copy first
         grad_input = dx.transpose(0, 1) if batch_first else dx
         grads: list[torch.Tensor | None] = [None] * len(weights)
-        if any(ctx.needs_input_grad[7:]):
+        if any(ctx.needs_input_grad[8:]):
             # backward weights: the input copied again, one zeroed flat gradient buffer, a workspace
             x = input.transpose(0, 1).contiguous() if batch_first else input.contiguous()
             dw = (weight_buf if weight_buf is not None else weights[0]).new_zeros(sum(w.numel() for w in weights))
-            workspace = input.new_empty(rnn_workspace_bytes(s, ctx.weight_bytes), dtype=torch.uint8)
+            workspace = input.new_empty(rnn_workspace_bytes(s, ctx.weight_bytes, ctx.algorithm), dtype=torch.uint8)
             del workspace, x
             grads = list(_slices(dw, weights))
             del dw
         del grad_hy, grad_cy
-        return (grad_input, dhx, dcx, None, None, None, None, *grads)
+        return (grad_input, dhx, dcx, None, None, None, None, None, *grads)
 
 
 class RNNEmulation:
-    """The ``aten::lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` kernels of a trace, and the state PyTorch keeps
-    across calls (the dropout state)."""
+    """The ``aten::lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` kernels of a trace on ``gpu`` (its compute
+    capability and SM count pick cuDNN's algorithm and size the dropout state), and the state PyTorch keeps across
+    calls (the dropout state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpu: GpuSpec | None = None) -> None:
+        self.gpu = gpu or gpu_spec()
         self._dropout_state: torch.Tensor | None = None
 
     def kernel(self, mode: str) -> Callable[..., Any]:
@@ -218,28 +285,34 @@ class RNNEmulation:
     def _call(self, mode: str, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor | None,
               params: list[torch.Tensor], has_biases: bool, num_layers: int, dropout: float, train: bool,
               bidirectional: bool, batch_first: bool, packed: tuple[int, int] | None = None) -> Any:
+        uses_dropout = dropout > 0 and train
+        if uses_dropout and self._dropout_state is None:
+            # RNN.cpp get_dropout_state, before _cudnn_rnn (and its autocast casts) runs; any number of layers
+            self._dropout_state = input.new_empty(dropout_state_bytes(self.gpu), dtype=torch.uint8)
         weight_buf = None
         copy_weights = params[0].dtype == torch.bfloat16  # torch.backends.cudnn never flattens bf16 modules
         half = torch.float16
         if torch.is_autocast_enabled("cpu") and input.is_floating_point() and input.dtype != torch.float64:
-            # AutocastRNN.cpp: fp16 whatever the autocast dtype; a new flat fp16 weight buffer filled through
-            # autograd (copy_ into pieces of it), and fp16 copies of input, hx and cx
+            # AutocastRNN.cpp: fp16 whatever the autocast dtype (measured: the output is fp16 under bf16 autocast);
+            # a new flat fp16 weight buffer filled through autograd (copy_ into pieces of it), then fp16 copies of
+            # cx, hx and input, in the order the measured calls allocate them
             if params[0].dtype != half:
                 weight_buf = input.new_zeros(sum(p.numel() for p in params), dtype=half)
                 pieces = _slices(weight_buf, params)
                 for piece, p in zip(pieces, params):
                     piece.copy_(p)
                 params, copy_weights = pieces, False
-            input, hx = input.to(half), hx.to(half)
             cx = cx.to(half) if cx is not None else None
-        if dropout > 0 and train and num_layers > 1 and self._dropout_state is None:
-            self._dropout_state = input.new_empty(DROPOUT_STATE_BYTES, dtype=torch.uint8)
+            hx = hx.to(half)
+            input = input.to(half)
         directions = 2 if bidirectional else 1
         if packed is not None:  # (time steps, largest batch); the reserve and workspace sized as for that padding
             seq, batch = packed
         else:
             seq, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
         shape = RNNShape(mode=mode, seq=seq, batch=batch, input_size=input.shape[-1], hidden=hx.shape[-1],
-                         layers=num_layers, directions=directions, itemsize=input.element_size(),
+                         layers=num_layers, directions=directions, dtype=input.dtype,
                          rows=input.shape[0] if packed is not None else None)
-        return CudnnRNN.apply(input, hx, cx, weight_buf, shape, batch_first, copy_weights, *params)
+        call = _Call(forward=rnn_algorithm(shape, self.gpu, forward=True),
+                     backward=rnn_algorithm(shape, self.gpu, forward=False), dropout=uses_dropout and num_layers > 1)
+        return CudnnRNN.apply(input, hx, cx, weight_buf, shape, batch_first, copy_weights, call, *params)

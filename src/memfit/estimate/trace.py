@@ -778,7 +778,7 @@ def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_ob
     # each selective recompute hands back the outputs its forward kept, unseen by the recorder: count them
     selective_regions.on_recompute = recorder.costs.kept_outputs
     try:
-        with fake_mode, recorder, CudaSemantics():
+        with fake_mode, recorder, CudaSemantics(recorder.gpu):
             try:
                 with user_device_calls():  # Net().cuda(), .to(device), device="cuda" in the factories
                     model, optimizer, batch = build(
