@@ -95,12 +95,12 @@ class EightBitAdam(torch.optim.Optimizer):
                     for name in moments:
                         state.update(_new_moment(name, p))
                 state["step"] += 1
-                self._update(p, state, moments)
+                self._update(p, p.grad, moments)
 
-    def _update(self, p: torch.Tensor, state: dict[str, Any], moments: tuple[str, ...]) -> None:
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, moments: tuple[str, ...]) -> None:
         """One ``torch.compile(single_param_adam)`` call: scratch for its lifetime, one kernel's traffic."""
         n, size = p.numel(), p.numel() * p.element_size()
-        traffic = 2 * size + p.grad.numel() * p.grad.element_size()  # parameter read and written, gradient read
+        traffic = 2 * size + grad.numel() * grad.element_size()  # parameter read and written, gradient read
         scratch = []
         if quantized(n):
             # the new moments in fp32 and their block scales, written then read once more to quantize
@@ -128,8 +128,9 @@ def _new_moment(name: str, p: torch.Tensor) -> dict[str, torch.Tensor]:
 class OffloadedAdam(torch.optim.Optimizer):
     """The GPU side of torchao's ``CPUOffloadOptimizer``: the small parameters' optimizer, and nothing for the rest."""
 
-    def __init__(self, settings: AdamSettings, recorder: Any) -> None:  # noqa: D107 - no Optimizer.__init__, as torchao
+    def __init__(self, settings: AdamSettings, recorder: Any) -> None:
         small: list[dict[str, Any]] = []
+        # no Optimizer.__init__, as torchao's: param_groups is the two optimizers' groups
         self.offloaded: list[torch.Tensor] = []
         for group in settings.groups:
             keep = [p for p in group["params"] if p.requires_grad and not offloaded(p)]
@@ -137,7 +138,7 @@ class OffloadedAdam(torch.optim.Optimizer):
             if keep:
                 small.append({**group, "params": keep})
         # torchao: "default to fused CPU AdamW", the same keyword arguments for the on-device optimizer
-        kwargs = {"fused": True} if settings.torch_class is torch.optim.AdamW else {}
+        kwargs: dict[str, Any] = {"fused": True} if settings.torch_class is torch.optim.AdamW else {}
         self.d_opt = settings.torch_class(small, **kwargs) if small else None
         self.state = self.d_opt.state if self.d_opt is not None else defaultdict(dict)
         self.defaults = self.d_opt.defaults if self.d_opt is not None else {}
@@ -147,8 +148,8 @@ class OffloadedAdam(torch.optim.Optimizer):
             d2h_bytes=grad_bytes, h2d_bytes=grad_bytes,
             host_update_bytes=sum(7 * p.numel() * p.element_size() for p in self.offloaded))
 
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return [*(self.d_opt.param_groups if self.d_opt is not None else []), self._offloaded_group]
 
     @torch.no_grad()
