@@ -18,7 +18,8 @@ import torch
 
 from memfit.errors import WorkloadError
 from memfit.workload.chunked_cross_entropy import output_head
-from memfit.workload.spec import OPTIMIZER_IMPLS, LossImpl, OptimizerImpl, Workload
+from memfit.workload.optimizer_state import optimizer_states_for
+from memfit.workload.spec import OPTIMIZER_IMPLS, LossImpl, OptimizerImpl, OptimizerState, Workload
 
 _CHECKPOINTED = "_memfit_checkpointed"
 _INDEX = re.compile(r"^\d+$")
@@ -165,6 +166,8 @@ class ModelFacts:
     optimizer_impls: tuple[OptimizerImpl, ...]
     output_vocab: int | None = None
     """The output layer's width where the chunked cross-entropy can be swapped in (an HF-shaped causal LM)."""
+    optimizer_states: tuple[OptimizerState, ...] = ("full",)
+    """The ``Workload.optimizer_state`` values the optimizer takes: all three for Adam/AdamW."""
 
     @property
     def loss_impls(self) -> tuple[LossImpl, ...]:
@@ -177,7 +180,9 @@ def model_facts(workload: Workload) -> ModelFacts:
     try:
         with torch.device("meta"):
             model = workload.model()
-            impls = tuple(optimizer_impls_for(workload.optimizer(model.parameters())))
+            optimizer = workload.optimizer(model.parameters())
+            impls = tuple(optimizer_impls_for(optimizer))
+            states = optimizer_states_for(optimizer)
             head = output_head(model)
     except Exception:  # a factory that cannot build on meta: offer only the fixes that need no model facts
         return ModelFacts(False, False, (), ())
@@ -190,4 +195,5 @@ def model_facts(workload: Workload) -> ModelFacts:
         blocks=tuple(checkpoint_candidates(model)),
         optimizer_impls=impls,
         output_vocab=None if head is None else head.out_features,
+        optimizer_states=states,
     )

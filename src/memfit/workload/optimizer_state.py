@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from memfit.errors import WorkloadError
-from memfit.workload.spec import OPTIMIZER_STATES
+from memfit.workload.spec import OPTIMIZER_STATES, OptimizerState
 
 EIGHT_BIT_BLOCK = 256
 """Elements per quantization block: ``AdamW8bit(block_size=256)`` (torchao/optim/adam.py); each block has one
@@ -121,7 +121,7 @@ def offloaded(p: torch.Tensor) -> bool:
     return p.requires_grad and p.numel() >= OFFLOAD_MINIMAL_SIZE
 
 
-def optimizer_states_for(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+def optimizer_states_for(optimizer: torch.optim.Optimizer) -> tuple[OptimizerState, ...]:
     """The ``Workload.optimizer_state`` values this optimizer takes: all three for Adam/AdamW, else ``full``."""
     try:
         adam_settings(optimizer)
