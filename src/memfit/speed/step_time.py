@@ -102,11 +102,12 @@ class SpeedParams:
                                  f"{getattr(self, name)!r}.")
 
 
-HOST_ADAM_BYTES_PER_S = 14e9
-"""Bytes per second a host's fused ``torch.optim.AdamW`` streams (7 per parameter element: parameter, gradient and
-two moments read, three written), for an offloaded optimizer. Measured on a 2-core CPU VM, torch 2.13: 13.99e9
-(benchmarks/results/plan/host_adamw_cpu_torch2.13_20261126.json); a GPU server's host has more cores and
-channels, so this is on the slow side. ``benchmarks/plan/optimizer_state_device.py`` measures the device's host."""
+HOST_ADAM_BYTES_PER_S = 17.5e9
+"""Bytes per second a host's fused ``torch.optim.AdamW`` streams (7 passes of the element size per parameter
+element: parameter, gradient and two moments read, three written), for an offloaded optimizer. Measured on a
+2-core CPU VM shared with other jobs, torch 2.13: 17.49e9 (benchmarks/results/plan/host_adamw_cpu_torch2.13_20261126.json,
+``benchmarks/plan/optimizer_state_cpu.py``; another run the same day gave 13.99e9); a GPU server's host has more
+cores and memory channels, so this is on the slow side. ``benchmarks/plan/optimizer_state_device.py`` measures the device's host."""
 
 _EFFICIENCIES = ("compute_efficiency", "memory_efficiency")
 ROOFLINE = SpeedParams()
