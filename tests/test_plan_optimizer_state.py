@@ -69,6 +69,7 @@ def test_eight_bit_chosen_where_only_it_and_the_offload_fit(needs: dict[str, int
     assert p.chosen.config.optimizer_state == "8bit"
     assert p.chosen.verified and p.chosen.device_bytes == needs["8bit"]
     assert "8-bit Adam states" in p.chosen.config.label()
+    assert any("numerics change" in n for n in p.notes)
 
 
 def test_offload_chosen_where_only_it_fits(needs: dict[str, int]) -> None:

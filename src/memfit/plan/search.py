@@ -301,6 +301,11 @@ def plan(
                 + "sharding across GPUs, or a smaller model or input."
             )
         notes.append(f"only {chosen.config.label()} fits, found by estimating the smallest configurations exactly")
+    if chosen.config.optimizer_state != workload.optimizer_state:
+        notes.append({"8bit": "Adam's states are torchao's 8-bit ones (AdamW8bit): numerics change slightly",
+                      "cpu_offload": "Adam runs on the CPU (torchao's CPUOffloadOptimizer): GPU memory for speed",
+                      "full": "Adam's states are kept in full precision"}[chosen.config.optimizer_state]
+                     + "; Plan.apply swaps the optimizer (needs torchao: pip install torchao)")
     frontier = _frontier([c for c in scored if c.step_time_s is not None] + [chosen])
     return Plan(
         workload=workload.name,
