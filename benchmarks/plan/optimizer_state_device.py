@@ -15,8 +15,8 @@ fp32, AdamW), each with ``optimizer_state`` full, 8bit (torchao's ``AdamW8bit``)
   copy rates each way (``GpuSpec.host_link_gbs``).
 
 torchao is installed from a wheel in ``.whl-optim/`` (into a folder of its own, put on the path) when it is not
-importable. About 3 minutes on an H100, most of it torch.compile of the 8-bit updates (one graph per parameter
-shape) and the estimates.
+importable. About 4 minutes on an H100 (not yet run), most of it torch.compile of the 8-bit updates: one graph
+per parameter shape, 9 for GPT-2 and 28 for the U-Net; ``--workloads gpt2`` and ``--workloads unet2d`` split it.
 
     python benchmarks/plan/optimizer_state_device.py --out $OUT                   # GPU
     python benchmarks/plan/optimizer_state_device.py --out /tmp/os --estimate-only  # CPU: the estimates alone
@@ -164,7 +164,7 @@ def host_rates() -> dict[str, Any]:
     return out
 
 
-def estimates(gpu: str) -> dict[str, dict[str, Any]]:
+def estimates(gpu: str, names: list[str]) -> dict[str, dict[str, Any]]:
     import torch
 
     from memfit import estimate
@@ -172,7 +172,7 @@ def estimates(gpu: str) -> dict[str, dict[str, Any]]:
     from memfit.workload.optimizer_state import EIGHT_BIT_BLOCK, quantized
 
     out: dict[str, dict[str, Any]] = {}
-    for name in WORKLOADS:
+    for name in names:
         with torch.device("meta"):
             sizes = [p.numel() for p in workload(name, "full").model().parameters()]
         scratch = max((2 * 4 * n + 2 * 4 * (n // EIGHT_BIT_BLOCK) for n in sizes if quantized(n)), default=0)
@@ -214,6 +214,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--estimate-only", action="store_true", help="no GPU: write the estimates alone")
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
+                    help="a subset (one device call each, when time is short)")
     ap.add_argument("--memory", nargs=2, metavar=("WORKLOAD", "STATE"), help=argparse.SUPPRESS)  # a child
     ap.add_argument("--time", metavar="WORKLOAD", help=argparse.SUPPRESS)  # a child
     args = ap.parse_args()
@@ -231,16 +233,16 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.estimate_only else None
     gpu = card(device) if device and card(device) in ("h100", "h200", "a100", "rtx4090") else "h100"
     result: dict[str, Any] = {"schema": 1, "torch": torch.__version__, "torchao": ao, "gpu_for_estimates": gpu,
-                              "workloads": list(WORKLOADS), "states": list(STATES)}
+                              "workloads": args.workloads, "states": list(STATES)}
     start = time.perf_counter()
-    result["estimate"] = estimates(gpu)
+    result["estimate"] = estimates(gpu, args.workloads)
     result["estimate_wall_s"] = time.perf_counter() - start
     if device is not None:
         if ao is None:
             raise SystemExit("torchao is not importable and no wheel is in .whl-optim/: carry one (see the report).")
         result["host"] = host_rates()
         measured: dict[str, Any] = {}
-        for name in WORKLOADS:
+        for name in args.workloads:
             for state in STATES:
                 extra = {"TORCH_LOGS": "output_code"} if state == "8bit" else None
                 m, log = _child(["--out", str(args.out), "--memory", name, state], extra)
@@ -256,7 +258,8 @@ def main() -> None:
         result["measured"] = measured
         result["device"] = device
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{stem('optimizer_state', card(device), torch.__version__)}.json"
+    suffix = "" if args.workloads == list(WORKLOADS) else "_" + "_".join(args.workloads)
+    path = args.out / f"{stem('optimizer_state' + suffix, card(device), torch.__version__)}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(path)  # atomic: a reader never sees half a file
