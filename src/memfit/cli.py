@@ -162,14 +162,20 @@ def estimate(
     json_out: bool = typer.Option(False, "--json", help="Print the Estimate as versioned JSON."),
     compare: bool = typer.Option(False, "--compare", help="Also measure on this machine's GPU, side by side."),
     drop_output: bool = typer.Option(False, "--drop-output", help=_DROP_OUTPUT_HELP),
+    optimizer_state: Optional[str] = typer.Option(
+        None, "--optimizer-state", help="Adam/AdamW's states: full, 8bit (torchao's AdamW8bit) or cpu_offload "
+        "(torchao's CPUOffloadOptimizer)."),
 ) -> None:
     """Predict the peak GPU memory of a training step, without a GPU."""
     from memfit.estimate.gpus import gpu_spec
     from memfit.units import parse_bytes
+    from memfit.workload.spec import OPTIMIZER_STATES
 
     budget_bytes = parse_bytes(budget) if budget is not None else None
     spec = gpu_spec(gpu)
     _check_precision(precision)
+    if optimizer_state is not None and optimizer_state not in OPTIMIZER_STATES:
+        _fail(f"--optimizer-state must be one of {', '.join(OPTIMIZER_STATES)}, got {optimizer_state!r}.")
     _check_count("--batch-size", batch_size)
     if compare:
         import torch
@@ -182,13 +188,17 @@ def estimate(
 
     with _running("estimating"):
         w = _load(workload, batch_size, precision, drop_output)
+        changes: dict[str, object] = {"keep_output": False} if drop_output else {}
+        if optimizer_state is not None:
+            changes["optimizer_state"] = optimizer_state
+            w = w.replace(optimizer_state=optimizer_state)
         est = run_estimate(w, gpu=spec)
         measured = None
         if compare:
             from memfit.estimate.measure import measure
 
             measured = measure(workload, batch_size=batch_size, precision=precision, hint_bytes=est.fits_in_bytes,
-                               changes={"keep_output": False} if drop_output else None)
+                               changes=changes or None)
     if json_out:
         import json
 
@@ -333,6 +343,10 @@ def plan(
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32, bf16 or fp16."),
     gpu: str = typer.Option("h100", "--gpu", help="GPU to plan for: h100, h200, a100, rtx4090."),
     allow_precision_change: bool = typer.Option(False, "--allow-precision-change", help="Also try bf16 autocast."),
+    allow_optimizer_state_change: bool = typer.Option(
+        False, "--allow-optimizer-state-change",
+        help="Also try torchao's 8-bit Adam states and CPU-offloaded Adam (Adam/AdamW only; running them needs "
+        "torchao)."),
     margin: float = typer.Option(0.02, "--margin", help="Keep predicted device memory under budget × (1 - margin)."),
     patch: bool = typer.Option(False, "--patch", help="Search the input patch size (segmentation workloads)."),
     calibrate: Optional[bool] = typer.Option(
@@ -373,7 +387,8 @@ def plan(
             from memfit.plan.search import plan as run_plan
 
             result = run_plan(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=spec, margin=margin,
-                              allow_precision_change=allow_precision_change, calibration=calibration)
+                              allow_precision_change=allow_precision_change, calibration=calibration,
+                              allow_optimizer_state_change=allow_optimizer_state_change)
         written = []
         if save is not None:
             written.append(str(result.save(save)))

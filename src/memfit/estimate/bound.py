@@ -29,6 +29,7 @@ UncertaintyReason = Literal[
     "data_dependent_shape",
     "sparse_data",
     "compiled",
+    "optimizer_state_rule",
 ]
 
 # Widths, as fractions of the replayed cap. Each says what it covers and where it comes from.
@@ -57,6 +58,9 @@ WIDTHS: dict[UncertaintyReason, float] = {
     "sparse_data": 0.25,
     # torch.compile'd code, estimated as eager (compiled code usually needs less: the bound stays eager's)
     "compiled": 0.0,
+    # torchao's 8-bit Adam, whose compiled update's scratch is a rule taken from the larger of two code
+    # generators (memfit.estimate.optimizer_twins.EIGHT_BIT_SCRATCH_FP32): named, not widened
+    "optimizer_state_rule": 0.0,
 }
 
 _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACachingAllocator.cpp kLargeBuffer)
@@ -64,7 +68,8 @@ _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACac
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """One place the trace could not be sure of; all but ``compiled`` widen the bound beyond the base margin."""
+    """One place the trace could not be sure of; all but ``compiled`` and ``optimizer_state_rule`` widen the bound
+    beyond the base margin."""
 
     reason: UncertaintyReason
     widen: float

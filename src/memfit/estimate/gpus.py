@@ -40,6 +40,8 @@ class GpuSpec:
     """Non-tensor-core fp32 peak, TFLOPS (datasheet): fp32 matmuls under PyTorch's default (TF32 off)."""
     memory_bandwidth_gbs: float = 0.0
     """HBM bandwidth in GB/s (datasheet)."""
+    host_link_gbs: float = 0.0
+    """Host link (PCIe) bandwidth per direction in GB/s (datasheet): what an offloaded optimizer's copies take."""
 
     def context_bytes(self, uses_cublas: bool) -> int:
         """Device memory outside the allocator for a step that does (or does not) call cuBLAS."""
@@ -67,6 +69,8 @@ GPUS: dict[str, GpuSpec] = {
         tf32_tflops=494.5,
         fp32_tflops=67.0,
         memory_bandwidth_gbs=3350.0,
+        # datasheet: PCIe Gen5 128 GB/s (both directions together)
+        host_link_gbs=64.0,
     ),
     "h200": GpuSpec(
         name="NVIDIA H200",
@@ -85,6 +89,8 @@ GPUS: dict[str, GpuSpec] = {
         tf32_tflops=494.5,
         fp32_tflops=67.0,
         memory_bandwidth_gbs=4800.0,
+        # datasheet: PCIe Gen5 128 GB/s (both directions together)
+        host_link_gbs=64.0,
     ),
     "a100": GpuSpec(
         name="NVIDIA A100-SXM4-80GB",
@@ -100,6 +106,8 @@ GPUS: dict[str, GpuSpec] = {
         tf32_tflops=156.0,
         fp32_tflops=19.5,
         memory_bandwidth_gbs=2039.0,
+        # datasheet: PCIe Gen4 64 GB/s (both directions together)
+        host_link_gbs=32.0,
     ),
     "rtx4090": GpuSpec(
         name="NVIDIA GeForce RTX 4090",
@@ -115,6 +123,8 @@ GPUS: dict[str, GpuSpec] = {
         tf32_tflops=82.6,
         fp32_tflops=82.6,
         memory_bandwidth_gbs=1008.0,
+        # PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b coding, about 31.5 GB/s each way
+        host_link_gbs=31.5,
     ),
 }
 DEFAULT_GPU = "h100"
@@ -152,4 +162,5 @@ def detect_gpu() -> GpuSpec | None:
         tf32_tflops=base.tf32_tflops,
         fp32_tflops=base.fp32_tflops,
         memory_bandwidth_gbs=base.memory_bandwidth_gbs,
+        host_link_gbs=base.host_link_gbs,
     )

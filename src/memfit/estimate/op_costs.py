@@ -173,6 +173,12 @@ class OpCounter:
         )
         self._pending = 0
 
+    def record_kernel(self, nbytes: int, dispatches: int) -> None:
+        """One memory-bound kernel that no traced op stands for (a compiled function's), with its dispatches."""
+        if self.active:
+            self.rows.append(OpCost(0, None, nbytes, 1, dispatches + self._pending))
+            self._pending = 0
+
     def _classify(self, func: Any, name: str) -> tuple[Any, ...]:
         if func.namespace in _IGNORED_NAMESPACES:
             return ("ignore",)
@@ -253,6 +259,12 @@ class StepCost(JsonRecord):
     """Backward of one micro-batch, with the recomputation of checkpointed modules."""
     optimizer: PhaseCost
     """``zero_grad`` and ``optimizer.step()``: once per step, whatever the gradient accumulation."""
+    offload_d2h_bytes: int = 0
+    """An offloaded optimizer's gradient copies to the host, per micro-batch (``Workload.optimizer_state``)."""
+    offload_h2d_bytes: int = 0
+    """An offloaded optimizer's parameter copies back to the GPU, per step."""
+    host_update_bytes: int = 0
+    """Bytes an offloaded optimizer's host update streams through host memory, per step."""
 
     @property
     def schema(self) -> int:
@@ -283,9 +295,12 @@ class StepCost(JsonRecord):
             r for at, end, name, s in spans if s == step and name in ("zero_grad", "optimizer")
             for r in trace.op_costs[at:end]
         ]
+        offload = getattr(trace, "offload", None)
         return cls(
             micro_batch_size=micro_batch_size, forward=PhaseCost.of(forward), backward=PhaseCost.of(backward),
             optimizer=PhaseCost.of(optimizer), traced_step=step,
+            offload_d2h_bytes=offload.d2h_bytes if offload else 0, offload_h2d_bytes=offload.h2d_bytes if offload else 0,
+            host_update_bytes=offload.host_update_bytes if offload else 0,
         )
 
     @classmethod
@@ -294,6 +309,7 @@ class StepCost(JsonRecord):
             micro_batch_size=d["micro_batch_size"], traced_step=d.get("traced_step", 1),
             forward=PhaseCost.from_dict(d["forward"]), backward=PhaseCost.from_dict(d["backward"]),
             optimizer=PhaseCost.from_dict(d["optimizer"]),
+            **{k: int(d.get(k, 0)) for k in ("offload_d2h_bytes", "offload_h2d_bytes", "host_update_bytes")},
         )
 
 

@@ -41,6 +41,7 @@ from memfit.estimate.device_calls import user_device_calls
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.library_paths import RealRunPaths
 from memfit.estimate.op_costs import OpCost, OpCounter
+from memfit.estimate.optimizer_twins import OffloadTraffic, stand_in
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload.selective_checkpoint import REGIONS as selective_regions
 from memfit.workload.spec import Workload
@@ -89,6 +90,8 @@ class Trace:
     uncertain: dict[UncertaintyReason, str] = field(default_factory=dict)
     """Where the trace relied on a rule rather than a measurement, or lacked a value: reason -> detail (the first
     place it happened). Each widens the estimate's upper bound (memfit.estimate.bound)."""
+    offload: OffloadTraffic | None = None
+    """What an offloaded optimizer (``Workload.optimizer_state="cpu_offload"``) moves and computes off the GPU."""
 
     def events(self) -> list[tuple[int, int, int]]:
         """(op, key, requested bytes) triples for the allocator simulator."""
@@ -363,6 +366,14 @@ class _Recorder(tp.TorchDispatchMode):
         key = self._live.get(t.untyped_storage())
         if key is not None:
             self.trace.allocs[key].category = category
+
+    def note_rule(self, reason: UncertaintyReason, detail: str) -> None:
+        """The trace relies on a rule here (the first detail of each reason is kept)."""
+        self.trace.uncertain.setdefault(reason, detail)
+
+    def record_kernel(self, nbytes: int, dispatches: int) -> None:
+        """One kernel the trace does not run (a compiled optimizer update), moving ``nbytes``."""
+        self.costs.record_kernel(nbytes, dispatches)
 
     # ---------------------------------------------------------- dispatch hook
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -784,6 +795,7 @@ def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_ob
                     model, optimizer, batch = build(
                         workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
                         configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
+                        keep_states=functools.partial(_stand_in, recorder=recorder),
                     )
             except Exception as exc:
                 _raise_blamed(exc, "building the model, the optimizer or the batch", recorder)
@@ -897,6 +909,10 @@ def _repeat_last_step(trace: Trace, times: int) -> bool:
         carry = {k_in: renamed[k_out] for k_in, k_out in zip(handed_in, handed_out)}
     marks.append((len(trace.ops), "end", end_mark[2] + times))
     return True
+
+
+def _stand_in(optimizer: torch.optim.Optimizer, state: str, *, recorder: _Recorder) -> torch.optim.Optimizer:
+    return stand_in(optimizer, state, recorder)
 
 
 def _cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:

@@ -22,14 +22,17 @@ from memfit.guard.step import TrainStep
 from memfit.records import JsonRecord
 from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, set_optimizer_impl
+from memfit.workload.optimizer_state import set_optimizer_state
 from memfit.workload.spec import (
     CHECKPOINT_MODES,
     LOSS_IMPLS,
     OPTIMIZER_IMPLS,
+    OPTIMIZER_STATES,
     PRECISIONS,
     CheckpointMode,
     LossImpl,
     OptimizerImpl,
+    OptimizerState,
     Precision,
     Workload,
 )
@@ -57,6 +60,9 @@ class Config:
     checkpoint_mode: CheckpointMode = "full"
     """How ``checkpoint``'s blocks are checkpointed (``Workload.checkpoint_mode``): ``full``, ``selective`` (matmul,
     convolution and attention outputs kept) or ``reentrant``."""
+    optimizer_state: OptimizerState = "full"
+    """``8bit`` or ``cpu_offload``: Adam's moments as torchao keeps them (``Workload.optimizer_state``); changes
+    numerics (8-bit) or speed (offload), so the planner tries them only when allowed."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "accumulation_steps"):
@@ -68,6 +74,9 @@ class Config:
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise UsageError(f"Config.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, "
                              f"got {self.optimizer_impl!r}.")
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise UsageError(f"Config.optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, "
+                             f"got {self.optimizer_state!r}.")
         if self.loss_impl not in LOSS_IMPLS:
             raise UsageError(f"Config.loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}.")
         if self.checkpoint_mode not in CHECKPOINT_MODES:
@@ -93,6 +102,7 @@ class Config:
             "optimizer_impl": self.optimizer_impl,
             "channels_last": self.channels_last,
             "loss_impl": self.loss_impl,
+            "optimizer_state": self.optimizer_state,
         }
         if self.patch_size is not None:
             out["patch_size"] = self.patch_size
@@ -105,6 +115,10 @@ class Config:
                          + ("" if self.checkpoint_mode == "full" else f" ({self.checkpoint_mode})"))
         if self.optimizer_impl != "default":
             parts.append(f"{self.optimizer_impl} optimizer")
+        if self.optimizer_state == "8bit":
+            parts.append("8-bit Adam states")
+        elif self.optimizer_state == "cpu_offload":
+            parts.append("optimizer offloaded to CPU")
         if self.loss_impl == "chunked":
             parts.append("chunked cross-entropy")
         if self.channels_last:
@@ -221,7 +235,7 @@ class Plan(JsonRecord):
 
     def apply(self, model: Any, optimizer: Any, loss_fn: Any, **train_step_kwargs: Any) -> Any:
         """Configure the guarded step as planned: checkpoint wrappers, the chunked cross-entropy, optimizer
-        implementation, memory format, precision and micro-batch size. Returns a ``memfit.TrainStep``; its
+        implementation and state (torchao's 8-bit or offloaded Adam), memory format, precision and micro-batch size. Returns a ``memfit.TrainStep``; its
         ``optimizer`` is the one to use.
 
         Feed it batches of ``effective_batch`` samples; it runs them as ``accumulation_steps`` micro-batches. With
@@ -238,7 +252,7 @@ class Plan(JsonRecord):
         if c.channels_last:  # .to keeps the Parameter objects, so the optimizer still holds them
             is_3d = any(p.dim() == 5 for p in model.parameters())
             model.to(memory_format=torch.channels_last_3d if is_3d else torch.channels_last)
-        optimizer = set_optimizer_impl(optimizer, c.optimizer_impl)
+        optimizer = set_optimizer_state(set_optimizer_impl(optimizer, c.optimizer_impl), c.optimizer_state)
         if c.expandable_segments:
             _enable_expandable_segments()
         return TrainStep(

@@ -2,7 +2,8 @@
 
 The search turns the knobs that keep the training mathematics (micro-batch × gradient accumulation with the
 same effective batch, activation checkpointing of chosen blocks, the optimizer's implementation, channels_last,
-expandable segments, the chunked cross-entropy of a causal LM) and, only when allowed, the precision. Memory comes from ``estimate()``: a few estimates
+expandable segments, the chunked cross-entropy of a causal LM) and, only when allowed, the precision and where
+Adam keeps its states (torchao's 8-bit states, or offloaded to the CPU). Memory comes from ``estimate()``: a few estimates
 per structure give a line ``fits_in(micro_batch)``, and every configuration the plan can choose is verified by
 an estimate of exactly that configuration before it is chosen. Speed comes from ``memfit.speed.step_time``: a roofline of
 the traced ops, or its calibration on this machine's GPU. What it returns (``Config``, ``Candidate``, ``Plan``)
@@ -34,6 +35,7 @@ from memfit.workload.spec import (
     CheckpointMode,
     LossImpl,
     OptimizerImpl,
+    OptimizerState,
     Precision,
     Workload,
 )
@@ -66,12 +68,14 @@ class _Structure:
     loss_impl: LossImpl = "default"
     checkpoint_mode: CheckpointMode = "full"
     """How ``checkpoint`` runs; ``full`` when nothing is checkpointed, so that structure is one."""
+    optimizer_state: OptimizerState = "full"
 
     def config(self, micro: int, effective: int, expandable: bool = False) -> Config:
         return Config(
             micro_batch=micro, accumulation_steps=effective // micro, precision=self.precision,
             checkpoint=self.checkpoint, optimizer_impl=self.optimizer_impl, channels_last=self.channels_last,
             expandable_segments=expandable, loss_impl=self.loss_impl, checkpoint_mode=self.checkpoint_mode,
+            optimizer_state=self.optimizer_state,
         )
 
 
@@ -87,11 +91,13 @@ class Search:
 
     def __init__(self, workload: Workload, gpu: GpuSpec, allocator: AllocatorConfig, limit_bytes: int,
                  effective: int, calibration: Calibration | None, allow_precision_change: bool,
-                 checkpoint_modes: tuple[CheckpointMode, ...] = DEFAULT_CHECKPOINT_MODES) -> None:
+                 checkpoint_modes: tuple[CheckpointMode, ...] = DEFAULT_CHECKPOINT_MODES, *,
+                 allow_optimizer_state_change: bool = False) -> None:
         self.workload, self.gpu, self.allocator = workload, gpu, allocator
         self.checkpoint_modes = checkpoint_modes
         """How the chosen blocks may be checkpointed (``Workload.checkpoint_mode``)."""
         self.allow_precision_change = allow_precision_change
+        self.allow_optimizer_state_change = allow_optimizer_state_change
         self.limit_bytes, self.effective, self.calibration = limit_bytes, effective, calibration
         self.estimates: dict[Config, Estimate] = {}
         self.context_bytes = gpu.cuda_context_bytes  # until an estimate says whether the step calls cuBLAS
@@ -228,7 +234,8 @@ def _cost_at(known: list[tuple[int, Any]], micro: int) -> Any:
 
 
 def _structure(c: Config) -> tuple[_Structure, tuple[int, ...] | None]:
-    return (_Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last, c.loss_impl, c.checkpoint_mode),
+    return (_Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last, c.loss_impl, c.checkpoint_mode,
+                       c.optimizer_state),
             c.patch_size)
 
 
@@ -258,6 +265,7 @@ def plan(
     allow_precision_change: bool = False,
     calibration: CalibrationChoice = "auto",
     checkpoint_modes: tuple[CheckpointMode, ...] = DEFAULT_CHECKPOINT_MODES,
+    allow_optimizer_state_change: bool = False,
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -271,6 +279,8 @@ def plan(
         allocator: caching-allocator settings; default ``PYTORCH_CUDA_ALLOC_CONF`` from the environment.
         margin: the plan keeps ``device_bytes <= budget_bytes × (1 - margin)``.
         allow_precision_change: also consider bf16 autocast (changes numerics).
+        allow_optimizer_state_change: also consider torchao's 8-bit Adam states (changes numerics) and its
+            CPU-offloaded Adam (much slower steps), for a ``torch.optim.Adam``/``AdamW``; running them needs torchao.
         calibration: the speed model that ranks the configurations. ``"auto"``: calibrated (a few micro-batches
             timed, seconds) when CUDA is available and this machine's GPU is ``gpu``, else the roofline;
             ``"roofline"`` (or None): never time anything; a ``memfit.speed.step_time.Calibration``: that one.
@@ -304,7 +314,7 @@ def plan(
     workload = workload.replace(keep_output=False)  # the loop Plan.apply runs: TrainStep
     speed = choose_speed_model(workload, spec, calibration, effective_batch=eff)
     search = Search(workload, spec, config, limit, eff, speed.calibration, allow_precision_change,
-                    tuple(checkpoint_modes))
+                    tuple(checkpoint_modes), allow_optimizer_state_change=allow_optimizer_state_change)
     structures, models = _memory_models(search)
     configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
     chosen, notes = _walk(search, configs, models)
@@ -323,9 +333,16 @@ def plan(
                 "Try a budget of at least "
                 f"{format_bytes(math.ceil(smallest.device_bytes / (1 - margin)))}, a larger GPU, "
                 + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32" else "")
+                + ("--allow-optimizer-state-change, " if not allow_optimizer_state_change and search.facts is not None
+                   and len(search.facts.optimizer_states) > 1 else "")
                 + "sharding across GPUs, or a smaller model or input."
             )
         notes.append(f"only {chosen.config.label()} fits, found by estimating the smallest configurations exactly")
+    if chosen.config.optimizer_state != workload.optimizer_state:
+        notes.append({"8bit": "Adam's states are torchao's 8-bit ones (AdamW8bit): numerics change slightly",
+                      "cpu_offload": "Adam runs on the CPU (torchao's CPUOffloadOptimizer): GPU memory for speed",
+                      "full": "Adam's states are kept in full precision"}[chosen.config.optimizer_state]
+                     + "; Plan.apply swaps the optimizer (needs torchao: pip install torchao)")
     frontier = _frontier([c for c in scored if c.step_time_s is not None] + [chosen])
     return Plan(
         workload=workload.name,
@@ -363,15 +380,17 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     eff = search.effective
     full = tuple(facts.blocks) if facts is not None else ()
     configs = []
-    for precision, impl, loss in dict.fromkeys((s.precision, s.optimizer_impl, s.loss_impl) for s in structures):
+    for precision, impl, loss, state in dict.fromkeys((s.precision, s.optimizer_impl, s.loss_impl, s.optimizer_state)
+                                                      for s in structures):
         for checkpoint in dict.fromkeys(((), full)):
             for micro in dict.fromkeys((1, eff)):
-                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last, loss)
+                structure = _Structure(precision, checkpoint, impl, search.workload.channels_last, loss,
+                                       optimizer_state=state)
                 configs.append(structure.config(micro, eff))
     found = [verified(search, c) for c in configs]
     smallest = min(found, key=lambda c: c.device_bytes)
     impls = ["default", *(facts.optimizer_impls if facts is not None else ())]
-    for other in dict.fromkeys(impls):
+    for other in dict.fromkeys(impls if smallest.config.optimizer_state == "full" else ()):
         if other != smallest.config.optimizer_impl:
             found.append(verified(search, dataclasses.replace(smallest.config, optimizer_impl=other)))
     if not search.allocator.expandable_segments:
@@ -402,7 +421,9 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     supports it: fused needs no temporaries and launches the fewest kernels, so it dominates foreach and for-loop.
     Each structure is tried with every loss the model takes (``ModelFacts.loss_impls``: the chunked cross-entropy
     where memfit finds a causal LM's output layer); a loss other than the workload's whose trace fails (a loss
-    function that reads the logits the chunked loss never makes) is left out, with a note.
+    function that reads the logits the chunked loss never makes) is left out, with a note. With
+    ``allow_optimizer_state_change``, each is also tried with every ``ModelFacts.optimizer_states`` (torchao's 8-bit
+    and CPU-offloaded Adam, whose kernels and copies the speed model charges).
     """
     w, eff = search.workload, search.effective
     facts = search.facts = model_facts(w)
@@ -417,8 +438,12 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     models: dict[_Structure, _MemoryModel] = {}
     losses: list[LossImpl] = list(dict.fromkeys([w.loss_impl, *facts.loss_impls]))
     modes = list(dict.fromkeys(search.checkpoint_modes))
-    for precision, channels_last, loss in itertools.product(precisions, formats, losses):
-        base = _Structure(precision, (), opt, channels_last, loss)
+    # torchao's states bring their own update: the optimizer implementation stays "default" with them
+    states: list[OptimizerState] = list(dict.fromkeys(
+        [w.optimizer_state, *(facts.optimizer_states if search.allow_optimizer_state_change else ())]))
+    for precision, channels_last, loss, state in itertools.product(precisions, formats, losses, states):
+        base = _Structure(precision, (), opt if state == "full" else "default", channels_last, loss,
+                          optimizer_state=state)
         try:
             lo = search.estimate(base.config(b_lo, eff))
             mid = search.estimate(base.config(b_mid, eff))

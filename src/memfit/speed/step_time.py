@@ -115,6 +115,13 @@ class SpeedParams:
                                  f"{getattr(self, name)!r}.")
 
 
+HOST_ADAM_BYTES_PER_S = 17.5e9
+"""Bytes per second a host's fused ``torch.optim.AdamW`` streams (7 passes of the element size per parameter
+element: parameter, gradient and two moments read, three written), for an offloaded optimizer. Measured on a
+2-core CPU VM shared with other jobs, torch 2.13: 17.49e9 (benchmarks/results/plan/host_adamw_cpu_torch2.13_20261126.json,
+``benchmarks/plan/optimizer_state_cpu.py``; another run the same day gave 13.99e9); a GPU server's host has more
+cores and memory channels, so this is on the slow side. ``benchmarks/plan/optimizer_state_device.py`` measures the device's host."""
+
 _EFFICIENCIES = ("compute_efficiency", "memory_efficiency")
 ROOFLINE = SpeedParams()
 FITTED = ("compute_efficiency", "memory_efficiency", "kernel_s", "forward_dispatch_s", "backward_dispatch_s",
@@ -149,6 +156,8 @@ class SpeedPrediction(JsonRecord):
     micro_batch_size: int
     samples_per_s: float
     params: SpeedParams
+    host_s: float = 0.0
+    """Of ``step_time_s``, what an offloaded optimizer adds: the host update and the copies (``_offload_s``)."""
 
     @property
     def bound(self) -> str:
@@ -255,22 +264,44 @@ def predict_step_time(
     p = calibration.params if calibration is not None else ROOFLINE
     phases = {name: _rows(getattr(cost, name), spec, matmul_tf32, conv_tf32)
               for name in ("forward", "backward", "optimizer")}
-    return _predict(cost, phases, p, spec.name, accumulation, "calibrated" if calibration else "roofline")
+    return _predict(cost, phases, p, spec.name, accumulation, "calibrated" if calibration else "roofline",
+                    spec.host_link_gbs)
 
 
 def _predict(cost: StepCost, phases: dict[str, _Rows], p: SpeedParams, gpu: str, accumulation: int,
-             model: Literal["roofline", "calibrated"]) -> SpeedPrediction:
+             model: Literal["roofline", "calibrated"], gpu_link_gbs: float = 0.0) -> SpeedPrediction:
     fwd, fwd_busy, fwd_cpu, _ = _simulate(phases["forward"], p, p.forward_dispatch_s)
     bwd, bwd_busy, bwd_cpu, recompute = _simulate(phases["backward"], p, p.backward_dispatch_s)
     opt, _, _, _ = _simulate(phases["optimizer"], p, p.optimizer_dispatch_s)
-    micro = fwd + bwd
+    d2h_wait, host = _offload_s(cost, gpu_link_gbs, bwd)
+    micro = fwd + bwd + d2h_wait
+    opt += host
     step = accumulation * micro + opt
     return SpeedPrediction(
         model=model, gpu=gpu, step_time_s=step, micro_batch_s=micro, forward_s=fwd, backward_s=bwd,
         optimizer_s=opt, recompute_s=recompute, gpu_busy_s=fwd_busy + bwd_busy, cpu_s=fwd_cpu + bwd_cpu,
         accumulation=accumulation, micro_batch_size=cost.micro_batch_size,
         samples_per_s=accumulation * cost.micro_batch_size / step if step > 0 else math.inf, params=p,
+        host_s=accumulation * d2h_wait + host,
     )
+
+
+def _offload_s(cost: StepCost, link_gbs: float, backward_s: float) -> tuple[float, float]:
+    """(per micro-batch, per step) seconds an offloaded optimizer adds (``StepCost.offload_d2h_bytes``...).
+
+    The gradient copies run on a side stream during backward, each once its gradient is final: they cost only what
+    outlasts backward. The optimizer step then updates each parameter on the host and copies it back on the
+    side stream while the host goes on to the next one: the host update and the copies back add up (the last copy
+    waits for the last update; the copies are not assumed hidden, which makes the step a little slow).
+    """
+    if not (cost.offload_d2h_bytes or cost.offload_h2d_bytes or cost.host_update_bytes):
+        return 0.0, 0.0
+    if link_gbs <= 0:
+        raise UsageError("this GpuSpec has no host_link_gbs (PCIe bandwidth): set it from the datasheet to predict "
+                         "an offloaded optimizer's speed.")
+    link = link_gbs * 1e9
+    d2h = max(0.0, cost.offload_d2h_bytes / link - backward_s)
+    return d2h, cost.host_update_bytes / HOST_ADAM_BYTES_PER_S + cost.offload_h2d_bytes / link
 
 
 # ------------------------------------------------------------------------------------------------ calibration
@@ -350,7 +381,7 @@ def fit_calibration(
     def residuals(p: SpeedParams) -> list[float]:
         out = []
         for phases, s in prepared:
-            pred = _predict(s.cost, phases, p, spec.name, 1, "calibrated")
+            pred = _predict(s.cost, phases, p, spec.name, 1, "calibrated", spec.host_link_gbs)
             for predicted, measured in ((pred.forward_s, s.forward_s), (pred.backward_s, s.backward_s),
                                         (pred.optimizer_s, s.optimizer_s)):
                 out.append(math.log(predicted / measured))

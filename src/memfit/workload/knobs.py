@@ -18,6 +18,7 @@ import torch
 
 from memfit.errors import WorkloadError
 from memfit.workload.chunked_cross_entropy import output_head
+from memfit.workload.optimizer_state import optimizer_states_for
 from memfit.workload.selective_checkpoint import selective_contexts
 from memfit.workload.spec import (
     CHECKPOINT_MODES,
@@ -25,6 +26,7 @@ from memfit.workload.spec import (
     CheckpointMode,
     LossImpl,
     OptimizerImpl,
+    OptimizerState,
     Workload,
 )
 
@@ -205,6 +207,8 @@ class ModelFacts:
     optimizer_impls: tuple[OptimizerImpl, ...]
     output_vocab: int | None = None
     """The output layer's width where the chunked cross-entropy can be swapped in (an HF-shaped causal LM)."""
+    optimizer_states: tuple[OptimizerState, ...] = ("full",)
+    """The ``Workload.optimizer_state`` values the optimizer takes: all three for Adam/AdamW."""
 
     @property
     def loss_impls(self) -> tuple[LossImpl, ...]:
@@ -217,7 +221,9 @@ def model_facts(workload: Workload) -> ModelFacts:
     try:
         with torch.device("meta"):
             model = workload.model()
-            impls = tuple(optimizer_impls_for(workload.optimizer(model.parameters())))
+            optimizer = workload.optimizer(model.parameters())
+            impls = tuple(optimizer_impls_for(optimizer))
+            states = optimizer_states_for(optimizer)
             head = output_head(model)
     except Exception:  # a factory that cannot build on meta: offer only the fixes that need no model facts
         return ModelFacts(False, False, (), ())
@@ -230,4 +236,5 @@ def model_facts(workload: Workload) -> ModelFacts:
         blocks=tuple(checkpoint_candidates(model)),
         optimizer_impls=impls,
         output_vocab=None if head is None else head.out_features,
+        optimizer_states=states,
     )

@@ -25,6 +25,7 @@ import torch
 from memfit.errors import WorkloadError
 from memfit.workload.chunked_cross_entropy import use_chunked_cross_entropy
 from memfit.workload.knobs import apply_checkpointing, set_optimizer_impl
+from memfit.workload.optimizer_state import set_optimizer_state
 from memfit.workload.spec import Workload
 
 DEFAULT_STEPS = 3
@@ -74,8 +75,11 @@ def place_batch(batch: Any, device: torch.device | str, channels_last: bool) -> 
 def build(
     workload: Workload, device: torch.device | str, *, configure_optimizer: Callable[[Any], None] | None = None,
     phase: PhaseCallback = _no_phase,
+    keep_states: Callable[[torch.optim.Optimizer, str], torch.optim.Optimizer] = set_optimizer_state,
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
-    """Create the model, the optimizer and the batch on ``device``."""
+    """Create the model, the optimizer and the batch on ``device``. ``keep_states(optimizer,
+    workload.optimizer_state)`` gives the optimizer that keeps its states as asked: torchao's by default, the
+    estimator's stand-ins in a trace (``memfit.estimate.optimizer_twins``)."""
     phase("init", 0)
     with torch.device(device):
         model = workload.model()
@@ -90,6 +94,7 @@ def build(
             use_chunked_cross_entropy(model)
         model.train()
         optimizer = set_optimizer_impl(workload.optimizer(model.parameters()), workload.optimizer_impl)
+        optimizer = keep_states(optimizer, workload.optimizer_state)
     if configure_optimizer is not None:
         configure_optimizer(optimizer)
     phase("data", 0)

@@ -43,6 +43,11 @@ LOSS_IMPLS: tuple[LossImpl, ...] = get_args(LossImpl)
 CheckpointMode = Literal["full", "selective", "reentrant"]
 """How the blocks of ``Workload.checkpoint`` are checkpointed (see that field)."""
 CHECKPOINT_MODES: tuple[CheckpointMode, ...] = get_args(CheckpointMode)
+OptimizerState = Literal["full", "8bit", "cpu_offload"]
+"""Where and how Adam/AdamW keeps its two moment estimates: ``full`` (the parameters' dtype, on the GPU), ``8bit``
+(torchao's block-quantized 8-bit states) or ``cpu_offload`` (torchao's ``CPUOffloadOptimizer``: states and the
+update on the CPU). See ``memfit.workload.optimizer_state``."""
+OPTIMIZER_STATES: tuple[OptimizerState, ...] = get_args(OptimizerState)
 
 
 def default_forward(model: Any, batch: Any) -> Any:
@@ -133,6 +138,14 @@ class Workload:
     optimizer_impl: OptimizerImpl = "default"
     """``default`` (what the factory asked for; PyTorch picks foreach on CUDA), ``foreach``, ``for-loop`` or
     ``fused``: the same mathematics, different temporaries and speed."""
+    optimizer_state: OptimizerState = "full"
+    """``8bit``: Adam/AdamW run as torchao's ``AdamW8bit``/``Adam8bit`` (same hyper-parameters), whose moments take
+    1 byte per element plus a 4-byte scale per 256 instead of 8 bytes (fp32): about a quarter of the optimizer
+    state, with slightly different numerics and a compiled per-parameter update. ``cpu_offload``: torchao's
+    ``CPUOffloadOptimizer`` keeps the states and runs the update on the CPU; the GPU keeps only the states of
+    parameters under 4096 elements, and each step copies the gradients to the host and the parameters back (much
+    slower unless the step is long). Both need torchao (``pip install torchao``) to run; estimating needs nothing.
+    Refused for optimizers other than ``torch.optim.Adam``/``AdamW``."""
     loss_impl: LossImpl = "default"
     """``chunked``: the model's output Linear and cross-entropy run over chunks of tokens, so the batch × sequence
     × vocabulary logits (and their fp32 copy and gradient) never exist at once; the same loss up to rounding, at
@@ -193,6 +206,15 @@ class Workload:
         if not isinstance(self.optimizer_impl, str) or self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise WorkloadError(
                 f"Workload.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}."
+            )
+        if not isinstance(self.optimizer_state, str) or self.optimizer_state not in OPTIMIZER_STATES:
+            raise WorkloadError(
+                f"Workload.optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, got {self.optimizer_state!r}."
+            )
+        if self.optimizer_state != "full" and self.optimizer_impl != "default":
+            raise WorkloadError(
+                f"Workload.optimizer_state={self.optimizer_state!r} brings its own implementation: leave "
+                f"optimizer_impl at 'default' (got {self.optimizer_impl!r})."
             )
         if not isinstance(self.loss_impl, str) or self.loss_impl not in LOSS_IMPLS:
             raise WorkloadError(
