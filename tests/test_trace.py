@@ -69,6 +69,65 @@ def test_dropout_keeps_a_one_byte_mask_like_cuda():
     assert masks and masks[0].nbytes == 256 * 1024  # 1 byte per element, not a float noise tensor
 
 
+def _forward_allocs(trace, phase: str = "forward", step: int = 0) -> list:  # noqa: ANN001
+    """The allocations of one phase of one step, in the order the trace made them."""
+    return [trace.allocs[k] for o, k in zip(trace.ops, trace.keys)
+            if o > 0 and trace.allocs[k].phase == phase and trace.allocs[k].step == step]
+
+
+def test_a_bf16_projection_allocates_in_the_order_an_h200_recorded():
+    """HF T5's first query projection on an H200 (torch 2.11; entry trace c077_hf_seq2seq in
+    benchmarks/results/estimate/entry_traces_h200_torch2.11_20261126.tar.gz): weight copy 294912 B, input copy
+    12582912 B, output 12582912 B, then cuBLAS's 32 MiB workspace. With the workspace before the output the replay
+    of that T5 step reserved 7.10 GB where the GPU reserved 8.15 GB."""
+    w = _linear_workload("bf16", model=lambda: torch.nn.Linear(384, 384, bias=False),
+                         batch=lambda n: (torch.randn(n, 512, 384),), batch_size=32)
+    trace = trace_workload(w, gpu_spec("h200"), steps=1)
+    first = [(a.op, a.nbytes) for a in _forward_allocs(trace)][:4]
+    assert first == [("_to_copy", 294912), ("_to_copy", 12582912), ("mm", 12582912), ("cublas_workspace", 32 * MiB)]
+    backward = [a.op for a in _forward_allocs(trace, "backward")]
+    # backward's first matmul makes its output before the backward thread's workspace, as the H200 recorded
+    assert backward.index("cublas_workspace") == 1 + next(i for i, op in enumerate(backward) if op == "mm")
+
+
+def test_autocast_casts_the_last_argument_first():
+    # linear(input, weight, bias): the bias copy, then the weight's, then the input's (GCC evaluates autocast's
+    # cached_cast(...)... pack right to left)
+    w = _linear_workload("bf16", model=lambda: torch.nn.Linear(1024, 512))
+    trace = trace_workload(w, GPU, steps=1)
+    casts = [a.shape for a in _forward_allocs(trace) if a.op == "_to_copy"]
+    assert casts[:3] == [(512,), (512, 1024), (256, 1024)]
+
+
+def test_dropout_allocates_its_mask_before_its_output_like_cuda():
+    w = _linear_workload(model=lambda: torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Dropout(0.5)))
+    trace = trace_workload(w, GPU, steps=1)
+    dropout = [a.dtype for a in _forward_allocs(trace) if a.op == "native_dropout"]
+    assert dropout == ["bool", "float32"]
+
+
+@pytest.mark.parametrize("permuted, blocks", [(False, 1), (True, 2)])
+def test_softmax_backward_takes_a_product_and_its_contiguous_copy(permuted, blocks):  # noqa: ANN001
+    """SoftMax.cu: tmp = grad * output, then tmp.contiguous(). A grad laid out channels-last (a Dice loss against a
+    one-hot target moved to dim 1) makes tmp channels-last too, so the kernel copies it: two blocks of the input's
+    size, one after the other. The H200 ran out of memory on the second one (corpus c032_unet: 28 MiB asked with
+    508.49 MiB allocated, in benchmarks/results/estimate/corpus_measurements_h200_torch2.11_20261126/)."""
+    classes, size = 6, 32
+
+    def loss(out, batch):  # noqa: ANN001, ANN202
+        probs = out.float().softmax(1)
+        weight = torch.ones(2, size, size, classes)
+        weight = weight.movedim(-1, 1) if permuted else weight.permute(0, 3, 1, 2).contiguous()
+        return (probs * weight).sum()
+
+    w = Workload(name="softmax", model=lambda: torch.nn.Conv2d(3, classes, 1),
+                 batch=lambda n: (torch.randn(n, 3, size, size),), loss=loss,
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=2)
+    trace = trace_workload(w, GPU, steps=1)
+    scratch = [a.nbytes for a in _forward_allocs(trace, "backward") if a.op == "_softmax_backward_data_scratch"]
+    assert scratch == [2 * classes * size * size * 4] * blocks
+
+
 def test_attention_never_materialises_the_score_matrix():
     b, h, seq, d = 2, 4, 512, 32
 

@@ -1,15 +1,19 @@
 """The allocator's event stream of chosen corpus entries on a GPU, to set beside memfit's trace of them.
 
     python benchmarks/estimate/trace_entries.py c068_hf_encoder c077_hf_seq2seq --out $OUT    # GPU machine
+    python benchmarks/estimate/trace_entries.py c032_unet c032_unet@690000000 --out $OUT      # and one capped
 
-One uncapped protocol run per entry (``memfit.estimate.measure.run_trial`` with ``--trace``: action, address,
-size and top Python frame of every event), side by side; writes ``entry_traces_<card>.tar.gz``.
+One protocol run per argument (``memfit.estimate.measure.run_trial`` with ``--trace``: action, address, size and
+top Python frame of every event), side by side; ``ID@BYTES`` runs under a memory cap of BYTES
+(``set_per_process_memory_fraction``), to see what the allocator did where a capped run ran out of memory. Writes
+``entry_traces_<card>.tar.gz`` (``ID.json.gz``, ``ID@BYTES.json.gz``) and the trials' outcomes beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import json
 import os
 import tarfile
 import tempfile
@@ -29,11 +33,22 @@ def main() -> None:
     from memfit.estimate.measure import run_trial
 
     folder = Path(tempfile.mkdtemp())
+
+    def one(arg: str):  # noqa: ANN202
+        entry, _, cap = arg.partition("@")
+        return run_trial(f"{CORPUS}:{entry}", cap_bytes=int(cap) if cap else None, trace=str(folder / f"{arg}.json.gz"))
+
     with cf.ThreadPoolExecutor(len(args.ids)) as pool:
-        trials = list(pool.map(lambda i: run_trial(f"{CORPUS}:{i}", trace=str(folder / f"{i}.json.gz")), args.ids))
+        trials = list(pool.map(one, args.ids))
+    outcomes = {}
     for i, t in zip(args.ids, trials):
-        print(i, t.ok, t.peak_allocated_bytes, t.peak_reserved_bytes, t.error[:200])
+        print(i, t.ok, t.peak_allocated_bytes, t.peak_reserved_bytes, t.num_alloc_retries, t.error[:200])
+        outcomes[i] = {"ok": t.ok, "peak_allocated_bytes": t.peak_allocated_bytes,
+                       "peak_reserved_bytes": t.peak_reserved_bytes, "num_alloc_retries": t.num_alloc_retries,
+                       "error": t.error}
     card = torch.cuda.get_device_name(0).lower().replace("nvidia", "").strip().split()[0]
+    (Path(args.out) / f"entry_traces_{card}.json").write_text(json.dumps(
+        {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "trials": outcomes}, indent=1))
     with tarfile.open(Path(args.out) / f"entry_traces_{card}.tar.gz", "w:gz") as tar:
         for f in sorted(folder.iterdir()):
             tar.add(f, arcname=f.name)

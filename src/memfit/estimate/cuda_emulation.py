@@ -138,6 +138,21 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
     return value
 
 
+def _cast_arguments(cast: Callable[[torch.Tensor], torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    arg_names: list[str]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Cast every argument as CUDA autocast does, the last argument first.
+
+    Autocast's wrapper casts with a pack expansion, ``(*F)(cached_cast(dtype, args)...)``, and GCC evaluates a
+    call's arguments right to left: on an H200 (torch 2.11) a linear layer's weight copy is allocated before its
+    input copy (benchmarks/results/estimate/entry_traces_h200_torch2.11_20261126.tar.gz, c077_hf_seq2seq). The
+    order decides which copy gets which cached block. A list argument is cast front to back (a loop).
+    """
+    order = {name: i for i, name in enumerate(arg_names)}
+    casted = {k: _map_tensors(cast, kwargs[k]) for k in sorted(kwargs, key=lambda k: -order.get(k, len(order)))}
+    positional = [_map_tensors(cast, a) for a in reversed(args)][::-1]
+    return tuple(positional), {k: casted[k] for k in kwargs}
+
+
 def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Callable[..., Any]:
     arg_names = tp.op_argument_names(op)
     dtype_pos = arg_names.index("dtype") if "dtype" in arg_names else None
@@ -147,10 +162,10 @@ def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Calla
         with tp.exclude_dispatch_key("AutocastCPU"):
             if policy == LOWER:
                 cast = functools.partial(cache.cast, dtype=lower, lower=lower)
-                args, kwargs = _map_tensors(cast, args), {k: _map_tensors(cast, v) for k, v in kwargs.items()}
+                args, kwargs = _cast_arguments(cast, args, kwargs, arg_names)
             elif policy == FP32:
                 cast = functools.partial(cache.cast, dtype=torch.float32, lower=lower)
-                args, kwargs = _map_tensors(cast, args), {k: _map_tensors(cast, v) for k, v in kwargs.items()}
+                args, kwargs = _cast_arguments(cast, args, kwargs, arg_names)
             elif policy == SET_OPT_DTYPE:
                 if args and _eligible(args[0]) and dtype_pos is not None:
                     if dtype_pos < len(args):
@@ -165,7 +180,7 @@ def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Calla
                         if _eligible(t):
                             widest = torch.promote_types(widest, t.dtype)
                 cast = functools.partial(cache.cast, dtype=widest, lower=lower)
-                args, kwargs = _map_tensors(cast, args), {k: _map_tensors(cast, v) for k, v in kwargs.items()}
+                args, kwargs = _cast_arguments(cast, args, kwargs, arg_names)
             return op(*args, **kwargs)
 
     return kernel

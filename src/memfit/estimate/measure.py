@@ -240,9 +240,10 @@ def _trial_main(argv: list[str] | None = None) -> None:
     stats = torch.cuda.memory_stats()
     free, total_now = torch.cuda.mem_get_info()
     outside = total_now - free - torch.cuda.memory_reserved()
-    if (args.snapshot or args.trace) and ok:
+    # a failed capped run's trace too: it shows how the allocator met the cap (segments freed, the OOM)
+    if (args.snapshot and ok) or args.trace:
         snap = tp.memory_snapshot()
-        if args.snapshot:
+        if args.snapshot and ok:
             _write_snapshot(snap, args.snapshot)
         if args.trace:
             _write_compact_trace(snap, args.trace, stats)

@@ -55,6 +55,13 @@ _CUBLAS_OPS = frozenset(
     "mm addmm bmm baddbmm addbmm mv addmv dot vdot _addmm_activation addr _scaled_mm".split()
 )
 
+# Ops whose CUDA kernel allocates its outputs in another order than it returns them: op -> output indices in
+# allocation order. Which of two equal-sized free blocks each output gets decides later splits, and so the
+# fragmentation a capped run meets. native_dropout: aten/src/ATen/native/cuda/Dropout.cu (dropout_cuda) makes the
+# mask before the output; an H200 trace of HF T5 shows the mask's block first at every dropout
+# (benchmarks/results/estimate/entry_traces_h200_torch2.11_20261126.tar.gz, c077_hf_seq2seq).
+_ALLOCATION_ORDER: dict[str, tuple[int, ...]] = {"native_dropout": (1, 0)}
+
 
 @dataclass
 class Alloc:
@@ -145,6 +152,10 @@ def _output_tensors(out: Any) -> list[torch.Tensor]:
 
 
 _DEVICE_QUERY = torch.ops.prim.device.default
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _float32_inputs(args: Any) -> bool:
@@ -388,8 +399,6 @@ class _Recorder(tp.TorchDispatchMode):
         call = None  # the index of a value-dependent op in this forward and loss, in RealForward's order
         if self.phase in ("forward", "loss") and is_dynamic(func, name):
             call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
-        if name in _CUBLAS_OPS:
-            self._maybe_cublas_workspace()
         if name in sparse.RULES and not self.real:
             # sparse COO tensors (sparse gradients): FakeTensorMode's kernels lose their nnz or have none
             try:
@@ -513,9 +522,15 @@ class _Recorder(tp.TorchDispatchMode):
             return out
         if self._accumulate_in_place(name, args, kwargs, out):
             return out
-        for t in _output_tensors(out):
+        outputs = _output_tensors(out)
+        if name in _ALLOCATION_ORDER and len(outputs) == len(_ALLOCATION_ORDER[name]):
+            outputs = [outputs[i] for i in _ALLOCATION_ORDER[name]]
+        for t in outputs:
             self.track(t, name)
-        self._transient(self._kernel_transient(name, args, out), f"{name}_scratch", optional=False)
+        if name in _CUBLAS_OPS:
+            # inside the op: the structured kernel allocates the output, then the cuBLAS call takes its workspace
+            self._maybe_cublas_workspace()
+        self._transients(self._kernel_transients(name, args, out), f"{name}_scratch")
         return out
 
     def _sized_without_all_values(self, name: str, args: Any, kwargs: dict[str, Any], call: int | None) -> Any:
@@ -544,18 +559,29 @@ class _Recorder(tp.TorchDispatchMode):
         self.sized_by.setdefault("real forward", f"{name} at {user_frame()}")
         return tuple(outs) if found.multiple else outs[0]
 
+    def _kernel_transients(self, name: str, args: Any, out: Any) -> list[int]:
+        """Blocks a CUDA kernel takes, in order, and gives back in reverse order inside one op
+        (memfit.estimate.workspaces has the rules)."""
+        if name in ("_softmax_backward_data", "_log_softmax_backward_data"):
+            grad, output = args[0], args[1]
+            if name == "_softmax_backward_data":
+                # SoftMax.cu, softmax_backward_cuda_out: tmp = grad * output, laid out as TensorIterator lays out
+                # a product (fake tensors do the same), then host_softmax_backward's tmp.contiguous() and
+                # output.contiguous(); log-softmax's backward skips the product
+                grad = torch.ops.aten.mul.Tensor(grad, output)
+            blocks = [_nbytes(grad)] if name == "_softmax_backward_data" else []
+            blocks += [_nbytes(t) for t in (grad, output) if not t.is_contiguous()]
+            return [b for b in blocks if b > 0]
+        nbytes = self._kernel_transient(name, args, out)
+        return [nbytes] if nbytes > 0 else []
+
     def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
-        """Scratch memory a CUDA kernel takes and gives back inside one op (memfit.estimate.workspaces has the rules)."""
+        """Scratch memory a CUDA kernel takes as one block and gives back inside one op."""
         if name in ("sum", "mean") and isinstance(out, torch.Tensor) and args[0].is_floating_point():
             x = args[0]
             dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
             return ws.reduction_staging_bytes(x.shape, x.stride(), dims, x.element_size(), self.gpu.sm_count,
                                               ws.max_threads_per_sm(self.gpu.compute_capability))
-        if name == "_softmax_backward_data":
-            x = args[0]
-            # a 0-d softmax has one element along its only (implicit) dimension: the last one
-            last = x.dim() == 0 or args[2] % x.dim() == x.dim() - 1
-            return ws.softmax_backward_bytes(x.numel() * x.element_size(), last)
         if name in ("native_layer_norm", "native_layer_norm_backward"):
             x = args[0] if name == "native_layer_norm" else args[1]
             # the CUDA kernel makes a contiguous copy of a permuted input (ConvNeXt, Swin)
@@ -601,6 +627,13 @@ class _Recorder(tp.TorchDispatchMode):
             x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
             transposed=transposed, half=x.element_size() == 2, backward=backward,
         )
+
+    def _transients(self, sizes: list[int], op: str) -> None:
+        """Blocks a kernel takes one after another and gives back in reverse order (C++ locals going out of scope)
+        before the op returns."""
+        keys = [self._alloc(n, op, (), "uint8", "workspaces") for n in sizes]
+        for key in reversed(keys):
+            self._free(key)
 
     def _transient(self, nbytes: int, op: str = "cudnn_workspace", *, optional: bool = True) -> None:
         """A block a library takes inside one call and gives back before the call returns; ``optional`` when

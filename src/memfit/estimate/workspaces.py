@@ -213,12 +213,6 @@ def reduction_staging_bytes(shape: Sequence[int], strides: Sequence[int], dims: 
     return acc * outputs * ctas * (1 if on_fastest else block_width * vec_out)
 
 
-def softmax_backward_bytes(input_bytes: int, last_dim: bool) -> int:
-    """``_softmax_backward_data``: one input-sized buffer over the last dim, two over another dim (nnU-Net's
-    channel softmax). Matched 7 calls exactly (nnU-Net, Swin-UNETR)."""
-    return input_bytes if last_dim else 2 * input_bytes
-
-
 def attention_backward_bytes(query_bytes: int, batch_heads_len: int) -> int:
     """Fused (cuDNN/flash) attention backward: about two query-sized fp32-accumulation blocks plus a float
     per row. Matched ViT-B/16 (38.0 MiB) and GPT-2 (24.4 MiB) within 3 %."""
