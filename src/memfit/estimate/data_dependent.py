@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from memfit import _torch_private as tp
+from memfit.estimate.values import tensors
 
 ValueOf = Callable[[torch.Tensor], "torch.Tensor | None"]
 """The real CPU tensor a (fake) tensor stands for, or None when its values are not known."""
@@ -44,16 +45,8 @@ def is_dynamic(func: Any, name: str) -> bool:
         return found
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for item in x for t in _tensors(item)]
-    return []
-
-
 def _shapes(args: Any) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(t.shape) for t in _tensors(list(args)))
+    return tuple(tuple(t.shape) for t in tensors(list(args)))
 
 
 # -- 1. provable bounds -------------------------------------------------------------------------------------------
@@ -84,7 +77,7 @@ class IndexBounds:
             self._set(out, args[0].numel() if dim is None else (args[0].size(dim) if args[0].dim() else 1))
         elif name in _KEEPS_VALUES and args and isinstance(args[0], torch.Tensor) and args[0] in self._bound:
             bound = self._bound[args[0]]
-            for t in _tensors(out):
+            for t in tensors(out):
                 if t.dtype in (torch.int64, torch.int32) and bound <= torch.iinfo(t.dtype).max:
                     self._set(t, bound)
 

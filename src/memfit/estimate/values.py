@@ -58,15 +58,16 @@ def _mutated(func: Any) -> tuple[int, ...]:
 
 def small(out: Any, max_numel: int = MAX_NUMEL) -> bool:
     """Every tensor of an op's output is small enough to follow its value."""
-    found = _tensors(out)
+    found = tensors(out)
     return bool(found) and all(t.numel() <= max_numel for t in found)
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
+def tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors of an op's arguments or output, nested lists and tuples flattened in order."""
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, (list, tuple)):
-        return [t for item in x for t in _tensors(item)]
+        return [t for item in x for t in tensors(item)]
     return []
 
 
@@ -93,7 +94,7 @@ class KnownValues:
         """``args`` and ``kwargs`` with every fake tensor replaced by its value; None if one is unknown or big."""
         if name in _NEVER and not (random and name in _RANDOM):
             return None
-        found = _tensors(args) + _tensors(list(kwargs.values()))
+        found = tensors(args) + tensors(list(kwargs.values()))
         if not found and name not in _FACTORIES and not random:
             return None
         # a fill (``torch.empty(()).fill_(n)``, an in-place random draw) overwrites its tensor: its old values do not
@@ -120,7 +121,7 @@ class KnownValues:
         """The op writes into some of its arguments with values not followed here: they are unknown now."""
         for i in _mutated(func):
             if i < len(args):
-                for t in _tensors(args[i]):
+                for t in tensors(args[i]):
                     self._real.pop(t, None)
 
     def run(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], *, random: bool = False) -> Any:
@@ -139,7 +140,7 @@ class KnownValues:
 
     def keep(self, fake_out: Any, real_out: Any) -> None:
         """Remember the values of ``fake_out``'s tensors (small ones only) from ``real_out``."""
-        fakes, reals = _tensors(fake_out), _tensors(real_out)
+        fakes, reals = tensors(fake_out), tensors(real_out)
         if len(fakes) != len(reals):
             return
         for f, r in zip(fakes, reals):
