@@ -1,5 +1,8 @@
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from memfit._torch_private import StaticShapeFakeTensorMode
 from memfit.estimate.cuda_emulation import CudaSemantics, cpu_only_autocast_ops, cuda_autocast_policy
 
 
@@ -123,3 +126,26 @@ def test_large_3d_pointwise_fp32_convolutions_take_a_workspace_in_backward():
     for size, n, measured in ((160, 1, 590_906_368), (192, 2, 2_040_284_672), (224, 1, 1_619_575_808)):
         assert abs(bwd(size, n) / measured - 1) < 0.01
     assert bwd(80) == 0 and bwd(160, backward=False) == 0
+
+
+class _Names(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_linear_on_fake_tensors_adds_its_bias_as_cuda_does(transposed: bool):
+    # Linear.cpp: contiguous input fuses the bias into addmm; a non-contiguous one adds it in place on CUDA, where
+    # the composite would add out of place for a tensor subclass such as a fake tensor (one more output block)
+    lin = torch.nn.Linear(8, 5)
+    with StaticShapeFakeTensorMode(allow_non_fake_inputs=True), CudaSemantics(), _Names() as ops:
+        x = torch.randn(4, 3, 8)
+        y = lin(x.transpose(0, 1) if transposed else x)
+    assert y.shape == ((3, 4, 5) if transposed else (4, 3, 5))
+    assert ("add_.Tensor" in ops.names) == transposed and "add.Tensor" not in ops.names
+    assert ("addmm.default" in ops.names) != transposed

@@ -118,6 +118,19 @@ def test_sizes_that_depend_on_data_come_from_the_values_of_one_real_batch():
     assert selected and all(0.3 * 64 * 256 * 4 < n < 0.7 * 64 * 256 * 4 for n in selected)
 
 
+def _truncated_normal_linear() -> torch.nn.Module:
+    layer = torch.nn.Linear(64, 64)
+    torch.nn.init.trunc_normal_(layer.weight, std=0.02)  # its rejection loop asks `mask.any()` of fake values
+    return layer
+
+
+def test_an_initializers_conditions_on_values_neither_warn_nor_widen():
+    w = Workload(model=_truncated_normal_linear, batch=lambda n: (torch.randn(n, 64),),
+                 loss=lambda out, b: out.mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8)
+    est = estimate(w)
+    assert est.uncertainty == [] and not est.warnings
+
+
 def test_a_compiled_model_is_named_and_estimated_as_eager():
     w = Workload(model=lambda: torch.compile(torch.nn.Linear(64, 64)), batch=lambda n: (torch.randn(n, 64),),
                  loss=lambda out, b: out.mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8)

@@ -11,8 +11,11 @@ kernels keep different tensors alive:
 * **Dropout.** CUDA's fused ``native_dropout`` saves a 1-byte mask; CPU's composite saves a float noise tensor.
 * **Attention.** CUDA's ``scaled_dot_product_attention`` runs a fused kernel (flash / memory-efficient) that
   saves the output and a log-sum-exp; CPU may pick the math path, which materialises B*H*L*L probabilities.
+* **Linear with a bias on a non-contiguous input.** CUDA adds the bias in place; a fake tensor, a tensor subclass,
+  takes the composite's out-of-place add (one more output-sized block).
 * **RNNs.** CUDA runs ``nn.LSTM``/``GRU``/``RNN`` as one fused cuDNN call (``memfit.estimate.cudnn_rnn``); CPU runs
-  them cell by cell.
+  them cell by cell. Their ``flatten_parameters`` moves the weights into one buffer on CUDA and does nothing on the
+  CPU.
 
 Everything is scoped by a ``with`` block and undone on exit. Checked against the real AutocastCUDA kernels on fake
 CUDA tensors (research/feasibility.md section 4: forward peaks agree within 0.2 MiB on 6 workloads).
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 
 from memfit import _torch_private as tp
-from memfit.estimate.cudnn_rnn import RNNEmulation
+from memfit.estimate.cudnn_rnn import RNNEmulation, flatten_weights
 from memfit.estimate.gpus import GpuSpec
 
 log = logging.getLogger(__name__)
@@ -196,6 +199,21 @@ def _cuda_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     return input
 
 
+def _cuda_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    # aten/src/ATen/native/Linear.cpp (linear): a bias fuses into addmm for 2-D input and for contiguous input of
+    # any rank (viewed as 2-D); otherwise matmul and then the bias added *in place*. The composite adds it out of
+    # place for a tensor subclass, which a fake tensor is: traced as the composite, a non-contiguous input (a
+    # batch-first RNN's output into its head) costs a second output-sized block that CUDA never allocates.
+    if bias is None:
+        return torch.matmul(input, weight.t())
+    if input.dim() == 2:
+        return torch.addmm(bias, input, weight.t())
+    if input.is_contiguous() and (input.dim() == 3 or bias.dim() == 1):
+        out = torch.addmm(bias, input.reshape(-1, input.shape[-1]), weight.t())
+        return out.view(*input.shape[:-1], out.shape[1])
+    return torch.matmul(input, weight.t()).add_(bias)
+
+
 def _cuda_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -287,6 +305,7 @@ class CudaSemantics:
         self.rnn = RNNEmulation(gpu)
         self._override = tp.override_library("aten")
         self._saved_clear: Callable[[], None] | None = None
+        self._saved_flatten: Callable[[torch.nn.RNNBase], None] | None = None
 
     def __enter__(self) -> CudaSemantics:
         lib = self._override.__enter__()
@@ -302,11 +321,15 @@ class CudaSemantics:
             lib.impl(name, tp.fallthrough_kernel, "AutocastCPU")
         lib.impl("dropout", _cuda_dropout, "CompositeImplicitAutograd")
         lib.impl("scaled_dot_product_attention", _cuda_sdpa, "CompositeImplicitAutograd")
+        lib.impl("linear", _cuda_linear, "CompositeImplicitAutograd")
         # on CUDA, nn.LSTM/GRU/RNN run cuDNN's fused RNN whenever cuDNN takes the input (aten/src/ATen/native/RNN.cpp)
         for rnn_op, mode in (("lstm", "LSTM"), ("gru", "GRU"), ("rnn_tanh", "RNN_TANH"), ("rnn_relu", "RNN_RELU")):
             lib.impl(f"{rnn_op}.input", self.rnn.kernel(mode), "CompositeImplicitAutograd")
             lib.impl(f"{rnn_op}.data", self.rnn.packed_kernel(mode), "CompositeImplicitAutograd")
         lib.impl("_pad_packed_sequence", _pad_packed_sequence, "CompositeImplicitAutograd")
+        # called by the constructor, .to()/.cuda() and the user: where it runs matters to the allocator's layout
+        self._saved_flatten = torch.nn.RNNBase.flatten_parameters
+        torch.nn.RNNBase.flatten_parameters = _flatten_parameters  # type: ignore[method-assign,assignment]
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() at nesting 0: clear our cast cache with it
         self._saved_clear = torch.clear_autocast_cache
         saved, cache = self._saved_clear, self.cache
@@ -319,11 +342,18 @@ class CudaSemantics:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._saved_flatten is not None:
+            torch.nn.RNNBase.flatten_parameters = self._saved_flatten  # type: ignore[method-assign,assignment]
+            self._saved_flatten = None
         if self._saved_clear is not None:
             torch.clear_autocast_cache = self._saved_clear
             self._saved_clear = None
         self.cache.clear()
         self._override.__exit__(*exc)
+
+
+def _flatten_parameters(module: torch.nn.RNNBase) -> None:
+    flatten_weights(module)
 
 
 def _banned_bce(*args: Any, **kwargs: Any) -> Any:

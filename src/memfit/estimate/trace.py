@@ -30,6 +30,7 @@ from memfit.estimate import workspaces as ws
 from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
+from memfit.estimate.cudnn_rnn import flatten_weights
 from memfit.estimate.data_dependent import (
     IndexBounds,
     RealForward,
@@ -127,6 +128,14 @@ def user_frame() -> str:
         if not frame.filename.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<"):
             return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
     return "an unknown place"
+
+
+_INIT_FILE = str(Path(torch.nn.init.__file__))
+
+
+def _in_initializer() -> bool:
+    """The running code is inside one of ``torch.nn.init``'s parameter initializers."""
+    return any(frame.filename == _INIT_FILE for frame in traceback.extract_stack())
 
 
 def _output_tensors(out: Any) -> list[torch.Tensor]:
@@ -653,6 +662,10 @@ class _Recorder(tp.TorchDispatchMode):
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
         if self.phase == "optimizer":
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        if _in_initializer():
+            # torch.nn.init's functions only write the values of the tensor they are given: their conditions
+            # (trunc_normal_'s rejection loop asks `mask.any()`) decide which values, never which tensors exist
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
         # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
         reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
         if reason not in self.trace.uncertain:
@@ -1006,6 +1019,7 @@ def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torc
         recorder.trace.uncertain["compiled"] = msg
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.RNNBase):
+            flatten_weights(m, again=False)  # a model built before the trace: moved to CUDA, it would be flat
             recorder.trace.uncertain.setdefault(
                 "rnn_kernel", f"{name or type(m).__name__} ({type(m).__name__}): cuDNN's fused RNN, sized by rules "
                 "calibrated on a grid of shapes")
