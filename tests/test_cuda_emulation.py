@@ -149,3 +149,38 @@ def test_linear_on_fake_tensors_adds_its_bias_as_cuda_does(transposed: bool):
     assert y.shape == ((3, 4, 5) if transposed else (4, 3, 5))
     assert ("add_.Tensor" in ops.names) == transposed and "add.Tensor" not in ops.names
     assert ("addmm.default" in ops.names) != transposed
+
+
+def _grid_shortfalls(name: str) -> list[int]:
+    """Measured minus predicted workspace of every call of a committed cuDNN calibration grid (calibrate_cudnn.py)."""
+    import json
+    from pathlib import Path
+
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate" / name
+    out = []
+    for r in json.loads(path.read_text())["rows"]:
+        if r.get("kind") != "conv":
+            continue
+        dims, n, itemsize = r["dims"], r["n"], 4 if r["dtype"] == "fp32" else 2
+        kernel = (r["k"],) * dims
+        weight = ((r["cin"], r["cout"] // r["groups"]) if r["transposed"] else (r["cout"], r["cin"] // r["groups"]))
+        side = round((r["out_bytes"] // itemsize / (n * r["cout"])) ** (1 / dims))
+        for key, backward in (("fwd_ws", False), ("bwd_ws", True)):
+            rule = conv_workspace_bytes((n, r["cin"]) + (r["size"],) * dims, weight + kernel,
+                                        (n, r["cout"]) + (side,) * dims, itemsize=itemsize,
+                                        stride=(r["stride"],) * dims, groups=r["groups"],
+                                        transposed=r["transposed"], half=itemsize == 2, backward=backward)
+            out.append(r[key] - rule)
+    return out
+
+
+def test_convolution_workspaces_count_channels_as_cudnn_pads_them():
+    # 8 channels in half precision, 4 in fp32: a 1-channel 3-D input layer's backward took 7 x its input more than
+    # the unpadded rule (302 MiB at 2 x 224^3); now every call of the large and extra-large grids is within 17 MiB
+    MiB = 1 << 20
+    for grid in ("cudnn_calibration_conv_3d_xl_h200_torch2.11_20261126.json",
+                 "cudnn_calibration_conv_large_h200_torch2.11_20261126.json"):
+        shortfalls = _grid_shortfalls(grid)
+        assert len(shortfalls) > 150 and max(shortfalls) <= 17 * MiB, (grid, max(shortfalls) / MiB)

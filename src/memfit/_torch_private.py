@@ -396,6 +396,12 @@ def record_memory_history(enabled: bool, max_entries: int = 1_000_000) -> None:
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def clear_cublas_workspaces() -> None:
+    """Free the workspaces cuBLAS keeps per (handle, stream) in the caching allocator; the next matmul of each
+    thread allocates its own again (``torch._C._cuda_clearCublasWorkspaces``, as PyTorch's own tests use)."""
+    torch._C._cuda_clearCublasWorkspaces()
+
+
 def memory_snapshot() -> dict:
     """The allocator's segments and trace, as pytorch.org/memory_viz reads them."""
     return torch.cuda.memory._snapshot()
