@@ -5,7 +5,8 @@ checkpointed blocks (none, a quarter, the planner's half set, three quarters, al
 planner ranks them) × optimizer implementation (fused; the default too with no, the planner's and full
 checkpointing) × memory format (channels_last too for conv nets) runs its steady state on the GPU: the peak memory of the protocol (the loss-only loop ``TrainStep`` runs),
 then "does it run under the cap" for each budget (allocator cap = budget - the CUDA context memfit assumes, set
-with ``torch.cuda.set_per_process_memory_fraction``), then one timing (median micro-batch and optimizer step:
+with ``torch.cuda.set_per_process_memory_fraction`` in a fresh process: a capped run leaves cuDNN's fallback
+algorithms cached in the process that ran it), then one timing (median micro-batch and optimizer step:
 step = accumulation × micro-batch + optimizer). Per budget, the plan's pick and the sweep's fastest fitting
 configurations are then built together and timed in interleaved rounds, which cancels the host's drift:
 ``ratio`` = the best step time ÷ the plan's (the plan's throughput as a share of the best; 1.0 when the plan is
@@ -166,15 +167,25 @@ def plan_stage(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------ GPU
 
 
-def _fits(w, config: dict, memory: dict, cap: int) -> bool:  # noqa: ANN001
+def _capped_trial(name: str, config: dict, cap: int, allocator_conf: str | None = None):  # noqa: ANN202
+    """The protocol under ``cap`` in a fresh process (``run_trial``). Never in this one: where a capped run's cuDNN
+    workspace does not fit, PyTorch falls back to an algorithm with less workspace and caches that choice for the
+    convolution's shapes for the rest of the process, so every later timing of those shapes here would run it."""
+    from memfit.estimate.measure import run_trial
+
+    builtin, changes, _, _ = WORKLOADS[name]
+    return run_trial(builtin, cap_bytes=cap, allocator_conf=allocator_conf,
+                     changes={**changes, "keep_output": False, **config, "checkpoint": tuple(config["checkpoint"])})
+
+
+def _fits(name: str, config: dict, memory: dict, cap: int) -> bool:
     if not memory["ok"]:
         return False
     if memory["peak_reserved_bytes"] <= cap:
         return True  # it never asked for more than the cap
     if memory["peak_allocated_bytes"] > cap:
         return False  # live tensors alone exceed it
-    _clean()
-    return bool(memory_config(w, config, cap)["ok"])
+    return _capped_trial(name, config, cap).ok
 
 
 def _interleaved(w, configs: list[dict], rounds: int) -> list[float]:  # noqa: ANN001
@@ -195,8 +206,6 @@ def _interleaved(w, configs: list[dict], rounds: int) -> list[float]:  # noqa: A
 def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
     import torch
 
-    from memfit.estimate.measure import run_trial
-
     w = _workload(name)
     started = time.perf_counter()
     contexts = [p.get("context_bytes") for p in pred["plans"]]
@@ -211,7 +220,7 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
         try:
             _clean()
             row["memory"] = memory_config(w, config)
-            row["fits"] = [_fits(w, config, row["memory"], cap) for cap in caps]
+            row["fits"] = [_fits(name, config, row["memory"], cap) for cap in caps]
             _clean()
             row["time"] = time_config(w, config) if any(row["fits"]) else None
         except Exception as exc:  # one bad configuration must not stop the sweep
@@ -241,13 +250,9 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
         expandable = chosen["config"]["expandable_segments"]
         _clean()
         if expandable:  # the segment mode is fixed when CUDA starts: a fresh process with it on
-            builtin, changes, _, _ = WORKLOADS[name]
-            trial = run_trial(builtin, cap_bytes=caps[i], allocator_conf="expandable_segments:True",
-                              changes={**changes, "keep_output": False, **pick,
-                                       "checkpoint": tuple(pick["checkpoint"])})
-            runs = trial.ok
+            runs = _capped_trial(name, pick, caps[i], allocator_conf="expandable_segments:True").ok
         else:
-            runs = _fits(w, pick, memory_config(w, pick), caps[i])
+            runs = _fits(name, pick, memory_config(w, pick), caps[i])
         finalists = [pick] + [r["config"] for r in fitting if _key(r["config"]) != _key(pick)][:args.top]
         steps = _interleaved(w, finalists, args.rounds)
         best = min(range(len(steps)), key=steps.__getitem__)
