@@ -5,8 +5,8 @@ checkpointed blocks (none, a quarter, the planner's half set, three quarters, al
 planner ranks them) × optimizer implementation (fused; the default too with no, the planner's and full
 checkpointing) × memory format (channels_last too for conv nets) runs its steady state on the GPU: the peak memory of the protocol (the loss-only loop ``TrainStep`` runs),
 then "does it run under the cap" for each budget (allocator cap = budget - the CUDA context memfit assumes, set
-with ``torch.cuda.set_per_process_memory_fraction`` in a fresh process: a capped run leaves cuDNN's fallback
-algorithms cached in the process that ran it), then one timing (median micro-batch and optimizer step:
+with ``torch.cuda.set_per_process_memory_fraction`` in a worker process that times nothing: a capped run leaves cuDNN's
+fallback algorithms cached in the process that ran it), then one timing (median micro-batch and optimizer step:
 step = accumulation × micro-batch + optimizer). Per budget, the plan's pick and the sweep's fastest fitting
 configurations are then built together and timed in interleaved rounds, which cancels the host's drift:
 ``ratio`` = the best step time ÷ the plan's (the plan's throughput as a share of the best; 1.0 when the plan is
@@ -30,9 +30,11 @@ measured. ``sweep --dry-run`` (CPU) loads the plans and lists what the GPU would
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime as dt
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import time
@@ -81,15 +83,17 @@ def _config_dict(c) -> dict:  # noqa: ANN001 - a memfit.plan.search.Config
 
 
 def _key(config: dict) -> str:
-    return json.dumps({k: config[k] for k in ("batch_size", "accumulation_steps", "checkpoint", "optimizer_impl",
-                                              "channels_last")}, sort_keys=True)
+    return json.dumps({**{k: config[k] for k in ("batch_size", "accumulation_steps", "checkpoint", "optimizer_impl",
+                                                 "channels_last")},
+                       "checkpoint_mode": config.get("checkpoint_mode", "full") if config["checkpoint"] else "full",
+                       "loss_impl": config.get("loss_impl", "default")}, sort_keys=True)
 
 
 def grid(name: str, gpu) -> dict:  # noqa: ANN001
     """The sweep's configurations (largest micro-batch first: a deadline cuts the slowest) and the planner's
     checkpointing choices, from one estimate (CPU)."""
     from memfit.estimate.predict import estimate
-    from memfit.plan.search import divisors
+    from memfit.plan.search import DEFAULT_CHECKPOINT_MODES, divisors
     from memfit.workload.knobs import activations_by_block, checkpoint_choices, model_facts
 
     w = _workload(name)
@@ -106,10 +110,13 @@ def grid(name: str, gpu) -> dict:  # noqa: ANN001
     formats = [False, True] if facts.has_conv else [False]
     # the default (non-fused) optimizer with the planner's own checkpointing choices only: it needs more memory
     # and launches more kernels than fused, so the partial sets add nothing with it but GPU-minutes
+    # checkpointed sets run both ways the planner considers (memfit.plan.search.DEFAULT_CHECKPOINT_MODES), the
+    # reentrant one with the fused optimizer only
     configs = [{"batch_size": m, "accumulation_steps": eff // m, "checkpoint": list(s), "optimizer_impl": impl,
-                "channels_last": cl}
+                "channels_last": cl, "checkpoint_mode": mode}
                for m in sorted(divisors(eff), reverse=True) for s in sorted(sets, key=len) for impl in impls
-               for cl in formats if impl == impls[0] or s == () or s in planner]
+               for cl in formats for mode in (DEFAULT_CHECKPOINT_MODES if s else ("full",))
+               if (impl == impls[0] or s == () or s in planner) and (mode == "full" or impl == impls[0])]
     return {"configs": configs, "planner_sets": [list(s) for s in planner], "blocks": list(facts.blocks)}
 
 
@@ -167,15 +174,23 @@ def plan_stage(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------ GPU
 
 
-def _capped_trial(name: str, config: dict, cap: int, allocator_conf: str | None = None):  # noqa: ANN202
-    """The protocol under ``cap`` in a fresh process (``run_trial``). Never in this one: where a capped run's cuDNN
-    workspace does not fit, PyTorch falls back to an algorithm with less workspace and caches that choice for the
-    convolution's shapes for the rest of the process, so every later timing of those shapes here would run it."""
-    from memfit.estimate.measure import run_trial
+_CAPPED: concurrent.futures.ProcessPoolExecutor | None = None
 
-    builtin, changes, _, _ = WORKLOADS[name]
-    return run_trial(builtin, cap_bytes=cap, allocator_conf=allocator_conf,
-                     changes={**changes, "keep_output": False, **config, "checkpoint": tuple(config["checkpoint"])})
+
+def _capped_ok(name: str, config: dict, cap: int) -> bool:
+    """The protocol of ``config`` under ``cap``, in a worker process that times nothing. Never in this one: where a
+    capped run's cuDNN workspace does not fit, PyTorch falls back to an algorithm with less workspace and caches
+    that choice for the convolution's shapes for the rest of the process, so every later timing of those shapes
+    here would run it."""
+    global _CAPPED
+    if _CAPPED is None:
+        _CAPPED = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    return _CAPPED.submit(_capped_run, name, config, cap).result()
+
+
+def _capped_run(name: str, config: dict, cap: int) -> bool:  # in the worker
+    _clean()
+    return bool(memory_config(_workload(name), config, cap)["ok"])
 
 
 def _fits(name: str, config: dict, memory: dict, cap: int) -> bool:
@@ -185,7 +200,7 @@ def _fits(name: str, config: dict, memory: dict, cap: int) -> bool:
         return True  # it never asked for more than the cap
     if memory["peak_allocated_bytes"] > cap:
         return False  # live tensors alone exceed it
-    return _capped_trial(name, config, cap).ok
+    return _capped_ok(name, config, cap)
 
 
 def _interleaved(w, configs: list[dict], rounds: int) -> list[float]:  # noqa: ANN001
@@ -229,6 +244,7 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
         rows[_key(config)] = row
         t = row.get("time") or {}
         print(f"{name} {config['batch_size']}x{config['accumulation_steps']} ckpt={len(config['checkpoint'])} "
+              f"{config.get('checkpoint_mode', 'full')} "
               f"{config['optimizer_impl']} cl={config['channels_last']}: step {t.get('step_s', 0) * 1e3:.1f} ms, "
               f"fits {row['fits']}", flush=True)
     budgets = []
@@ -246,11 +262,17 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
         pick = {k: v for k, v in chosen["config"].items() if k != "expandable_segments" and k != "patch_size"}
         pick = {"batch_size": pick["micro_batch"], "accumulation_steps": pick["accumulation_steps"],
                 "checkpoint": pick["checkpoint"], "optimizer_impl": pick["optimizer_impl"],
-                "channels_last": pick["channels_last"]}
+                "channels_last": pick["channels_last"], "checkpoint_mode": pick.get("checkpoint_mode", "full"),
+                "loss_impl": pick.get("loss_impl", "default")}
         expandable = chosen["config"]["expandable_segments"]
         _clean()
         if expandable:  # the segment mode is fixed when CUDA starts: a fresh process with it on
-            runs = _capped_trial(name, pick, caps[i], allocator_conf="expandable_segments:True").ok
+            from memfit.estimate.measure import run_trial
+
+            builtin, changes, _, _ = WORKLOADS[name]
+            runs = run_trial(builtin, cap_bytes=caps[i], allocator_conf="expandable_segments:True",
+                             changes={**changes, "keep_output": False, **pick,
+                                      "checkpoint": tuple(pick["checkpoint"])}).ok
         else:
             runs = _fits(name, pick, memory_config(w, pick), caps[i])
         finalists = [pick] + [r["config"] for r in fitting if _key(r["config"]) != _key(pick)][:args.top]
@@ -292,6 +314,7 @@ def _describe(name: str, pred: dict) -> str:
     for entry in pred["plans"]:
         chosen = entry.get("plan", {}).get("chosen", {}).get("config")
         label = (f"{chosen['micro_batch']}x{chosen['accumulation_steps']} ckpt={len(chosen['checkpoint'])} "
+                 f"{chosen.get('checkpoint_mode', 'full')} "
                  f"{chosen['optimizer_impl']} cl={chosen['channels_last']} "
                  f"expandable={chosen['expandable_segments']}" if chosen else entry.get("error"))
         lines.append(f"  {entry['budget_bytes'] / 2**30:.2f} GiB [{entry.get('speed_model', '-')}]: {label}")

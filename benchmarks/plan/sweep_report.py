@@ -28,7 +28,10 @@ def _label(config: dict | None) -> str:
         return "—"
     ckpt = config["checkpoint"]
     return (f"{config['batch_size']}×{config['accumulation_steps']}, "
-            f"{f'{len(ckpt)} blocks ckpt' if ckpt else 'no ckpt'}, {config['optimizer_impl']}"
+            f"{f'{len(ckpt)} blocks ckpt' if ckpt else 'no ckpt'}"
+            + (f" ({config['checkpoint_mode']})" if ckpt and config.get("checkpoint_mode", "full") != "full" else "")
+            + (f", {config['loss_impl']} loss" if config.get("loss_impl", "default") != "default" else "")
+            + f", {config['optimizer_impl']}"
             + (", channels_last" if config["channels_last"] else ""))
 
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# This session's device calls (H100), from the repository root, writing under $OUT; carry .whl (nnU-Net's networks).
+#   bash benchmarks/plan/device_batch_c.sh checks      # GPU tests ∥ patch search under caps, then the cuDNN-cache check
+#   bash benchmarks/plan/device_batch_c.sh sweep MODELS # the plan sweep of MODELS (comma-separated), alone: it times
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/dynamic_network_architectures-*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
+python3 -c "import torch; print(torch.__version__)" >> "$OUT/card.txt"
+case "$1" in
+  checks)
+    (timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_plan.py tests/test_cudnn_rnn.py \
+       tests/test_estimate.py tests/test_trace.py tests/test_cuda_emulation.py > "$OUT/gpu_tests.log" 2>&1) &
+    (timeout 330 python3 benchmarks/plan/patch_caps_device.py run \
+       --predictions benchmarks/results/plan/patch_caps_predictions_cpu_20261126_r2 --out "$OUT/patch" \
+       --deadline-s 200 > "$OUT/patch.log" 2>&1) &
+    wait
+    timeout 200 python3 benchmarks/plan/cudnn_cache_under_cap.py --out "$OUT" > "$OUT/cudnn_cache.log" 2>&1
+    tail -n 5 "$OUT/gpu_tests.log"; tail -n 8 "$OUT/patch.log"; tail -n 6 "$OUT/cudnn_cache.log"
+    ;;
+  sweep)
+    timeout 560 python3 benchmarks/plan/sweep_device.py sweep --workloads "$2" \
+      --plans benchmarks/results/plan/plan_sweep_predictions_cpu_20261126_r2 --out "$OUT/sweep" --deadline-s 100 \
+      > "$OUT/sweep_$2.log" 2>&1
+    grep -E "GiB: plan|deadline|Error" "$OUT/sweep_$2.log" | tail -n 20
+    ;;
+esac
