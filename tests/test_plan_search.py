@@ -179,18 +179,21 @@ def test_the_margin_keeps_out_a_configuration_that_needs_99_percent_of_the_budge
     fastest = min(grid.configs, key=grid.time)
     need = min(grid.need(fastest), grid.need(dataclasses.replace(fastest, expandable_segments=True)))
     budget = math.ceil(need / 0.99)
-    p = run_plan(budget)
-    assert p.margin == DEFAULT_MARGIN == 0.02
+    p = run_plan(budget, margin=0.02)
+    assert p.margin == 0.02
     assert dataclasses.replace(p.chosen.config, expandable_segments=False) != fastest
-    assert p.chosen.device_bytes <= budget * (1 - DEFAULT_MARGIN)
-    loose = run_plan(budget, margin=0.0)
+    assert p.chosen.device_bytes <= budget * (1 - 0.02)
+    # the default decides with the upper bound alone, as `estimate --budget` does
+    loose = run_plan(budget)
+    assert loose.margin == DEFAULT_MARGIN == 0.0
     assert dataclasses.replace(loose.chosen.config, expandable_segments=False) == fastest
 
 
 def test_the_plan_decides_with_a_need_above_fits_in_and_its_placement_margin(grid: Grid):
-    """The margins stack as DEFAULT_MARGIN's docstring says: the plan's limit keeps 2 % of the budget, on top of an
-    upper bound that is at least ``fits_in``, which is the replayed cap plus 1.5 % for segment placement."""
-    p = run_plan(budget_for(grid.need(grid.configs[0])))
+    """The margins stack as DEFAULT_MARGIN's docstring says: a margin the user asks for keeps that share of the
+    budget, on top of an upper bound that is at least ``fits_in``, which is the replayed cap plus 1.5 % for segment
+    placement."""
+    p = run_plan(budget_for(grid.need(grid.configs[0]), margin=0.02), margin=0.02)
     est = grid.search.estimate(p.chosen.config)
     assert p.chosen.fits_in_bytes == est.fits_in_upper_bytes >= est.fits_in_bytes
     assert est.fits_in_bytes >= est.fits_in_replay_bytes * 1.015  # memfit.estimate.predict.FITS_IN_MARGIN

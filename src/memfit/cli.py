@@ -347,7 +347,8 @@ def plan(
         False, "--allow-optimizer-state-change",
         help="Also try torchao's 8-bit Adam states and CPU-offloaded Adam (Adam/AdamW only; running them needs "
         "torchao)."),
-    margin: float = typer.Option(0.02, "--margin", help="Keep predicted device memory under budget × (1 - margin)."),
+    margin: float = typer.Option(
+        0.0, "--margin", help="Keep the predicted upper bound of device memory under budget × (1 - margin)."),
     patch: bool = typer.Option(False, "--patch", help="Search the input patch size (segmentation workloads)."),
     calibrate: Optional[bool] = typer.Option(
         None, "--calibrate/--roofline",
@@ -421,7 +422,9 @@ def nnunet_plan(
     plans: str = typer.Option("nnUNetPlans", "--plans", help="The plans identifier to start from."),
     name: Optional[str] = typer.Option(None, "--name", help="The new plans identifier [default: "
                                        "<plans>_memfit_<budget>]."),
-    margin: float = typer.Option(0.02, "--margin", help="Keep predicted device memory under budget × (1 - margin)."),
+    margin: float = typer.Option(
+        0.02, "--margin", help="Keep the predicted upper bound of device memory under budget × (1 - margin): "
+        "room for the workspaces cudnn.benchmark tries, which nnU-Net turns on."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as versioned JSON."),
 ) -> None:
     """Write an nnU-Net plans file whose 3d_fullres patch and batch memfit chose for BUDGET (nnUNet_raw and
