@@ -2,6 +2,7 @@
 # This session's device calls (H100), from the repository root, writing under $OUT; carry .whl (nnU-Net's networks).
 #   bash benchmarks/plan/device_batch_c.sh checks      # GPU tests ∥ patch search under caps, then the cuDNN-cache check
 #   bash benchmarks/plan/device_batch_c.sh sweep MODELS # the plan sweep of MODELS (comma-separated), alone: it times
+#   bash benchmarks/plan/device_batch_c.sh round3 MODELS # fit-half allocator traces ∥ patch search (r3), then the sweep
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/dynamic_network_architectures-*.whl
@@ -18,6 +19,19 @@ case "$1" in
     wait
     timeout 200 python3 benchmarks/plan/cudnn_cache_under_cap.py --out "$OUT" > "$OUT/cudnn_cache.log" 2>&1
     tail -n 5 "$OUT/gpu_tests.log"; tail -n 8 "$OUT/patch.log"; tail -n 6 "$OUT/cudnn_cache.log"
+    ;;
+  round3)
+    (timeout 200 python3 benchmarks/estimate/trace_entries.py c032_unet c006_tv_cls c001_tv_cls --out "$OUT" \
+       > "$OUT/trace_entries.log" 2>&1) &
+    (timeout 250 python3 benchmarks/plan/patch_caps_device.py run \
+       --predictions benchmarks/results/plan/patch_caps_predictions_cpu_20261126_r3 --out "$OUT/patch" \
+       --deadline-s 150 > "$OUT/patch.log" 2>&1) &
+    wait
+    tail -n 4 "$OUT/trace_entries.log"; tail -n 2 "$OUT/patch.log"
+    timeout 300 python3 benchmarks/plan/sweep_device.py sweep --workloads "$2" \
+      --plans benchmarks/results/plan/plan_sweep_predictions_cpu_20261126_r3 --out "$OUT/sweep" --deadline-s 100 \
+      > "$OUT/sweep.log" 2>&1
+    grep -E "GiB: plan|deadline|Error" "$OUT/sweep.log" | tail -n 20
     ;;
   sweep)
     timeout 560 python3 benchmarks/plan/sweep_device.py sweep --workloads "$2" \

@@ -189,8 +189,54 @@ def _capped_ok(name: str, config: dict, cap: int) -> bool:
 
 
 def _capped_run(name: str, config: dict, cap: int) -> bool:  # in the worker
+    from memfit._torch_private import clear_cublas_workspaces
+
+    clear_cublas_workspaces()  # an earlier workload's, held in the allocator, would count against this cap
     _clean()
     return bool(memory_config(_workload(name), config, cap)["ok"])
+
+
+def _pick(entry: dict) -> tuple[dict, bool]:
+    """A plan's configuration as the sweep's rows name them, and whether it turns expandable segments on."""
+    chosen = entry["plan"]["chosen"]["config"]
+    return ({"batch_size": chosen["micro_batch"], "accumulation_steps": chosen["accumulation_steps"],
+             "checkpoint": chosen["checkpoint"], "optimizer_impl": chosen["optimizer_impl"],
+             "channels_last": chosen["channels_last"], "checkpoint_mode": chosen.get("checkpoint_mode", "full"),
+             "loss_impl": chosen.get("loss_impl", "default")}, bool(chosen["expandable_segments"]))
+
+
+def _plan_runs(name: str, pick: dict, expandable: bool, cap: int) -> bool:
+    """Does the plan run under its cap, in a fresh process as the user's run would start (run_trial: the protocol,
+    3 steps, the loss-only loop TrainStep runs)? A process that ran other configurations before holds their
+    cuBLAS workspaces and cuDNN choices: on the 2026-11-26 r3 sweep such a worker refused two 3-D U-Net plans."""
+    from memfit.estimate.measure import run_trial
+
+    builtin, changes, _, _ = WORKLOADS[name]
+    return run_trial(builtin, cap_bytes=cap, allocator_conf="expandable_segments:True" if expandable else None,
+                     changes={**changes, "keep_output": False, **pick, "checkpoint": tuple(pick["checkpoint"])}).ok
+
+
+def verify_stage(args: argparse.Namespace) -> None:
+    """Each plan of ``--plans`` under its cap in a fresh process, nothing timed (GPU)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.workloads.split(","):
+        pred = _load_plans(args, name)
+        if pred is None:
+            continue
+        context = next((p["context_bytes"] for p in pred["plans"] if p.get("context_bytes")), 768 << 20)
+        for entry in pred["plans"]:
+            if "plan" not in entry:
+                continue
+            cap = entry["budget_bytes"] - (entry.get("context_bytes") or context)
+            pick, expandable = _pick(entry)
+            runs = _plan_runs(name, pick, expandable, cap)
+            results.append({"workload": name, "budget_bytes": entry["budget_bytes"], "cap_bytes": cap, "plan": pick,
+                            "expandable_segments": expandable, "runs_under_cap": runs})
+            print(f"{name} {entry['budget_bytes'] / 2**30:.2f} GiB: plan runs under its cap in a fresh process: "
+                  f"{runs}", flush=True)
+    (out / "plan_verify.json").write_text(json.dumps(results, indent=1))
 
 
 def _fits(name: str, config: dict, memory: dict, cap: int) -> bool:
@@ -258,30 +304,16 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
             result["plan_error"] = entry["error"]
             budgets.append(result)
             continue
-        chosen = entry["plan"]["chosen"]
-        pick = {k: v for k, v in chosen["config"].items() if k != "expandable_segments" and k != "patch_size"}
-        pick = {"batch_size": pick["micro_batch"], "accumulation_steps": pick["accumulation_steps"],
-                "checkpoint": pick["checkpoint"], "optimizer_impl": pick["optimizer_impl"],
-                "channels_last": pick["channels_last"], "checkpoint_mode": pick.get("checkpoint_mode", "full"),
-                "loss_impl": pick.get("loss_impl", "default")}
-        expandable = chosen["config"]["expandable_segments"]
-        _clean()
-        if expandable:  # the segment mode is fixed when CUDA starts: a fresh process with it on
-            from memfit.estimate.measure import run_trial
-
-            builtin, changes, _, _ = WORKLOADS[name]
-            runs = run_trial(builtin, cap_bytes=caps[i], allocator_conf="expandable_segments:True",
-                             changes={**changes, "keep_output": False, **pick,
-                                      "checkpoint": tuple(pick["checkpoint"])}).ok
-        else:
-            runs = _fits(name, pick, memory_config(w, pick), caps[i])
+        pick, expandable = _pick(entry)
+        runs = _plan_runs(name, pick, expandable, caps[i])
         finalists = [pick] + [r["config"] for r in fitting if _key(r["config"]) != _key(pick)][:args.top]
         steps = _interleaved(w, finalists, args.rounds)
         best = min(range(len(steps)), key=steps.__getitem__)
         result.update({
             "plan": pick, "plan_speed_model": entry.get("speed_model", entry["plan"].get("speed_model")),
             "plan_expandable_segments": expandable, "plan_runs_under_cap": runs,
-            "plan_predicted_step_s": chosen["step_time_s"], "plan_predicted_device_bytes": chosen["device_bytes"],
+            "plan_predicted_step_s": entry["plan"]["chosen"]["step_time_s"],
+            "plan_predicted_device_bytes": entry["plan"]["chosen"]["device_bytes"],
             "finalists": [{"config": c, "step_s": s} for c, s in zip(finalists, steps, strict=True)],
             "best": finalists[best], "ratio": steps[best] / steps[0],
         })
@@ -368,6 +400,11 @@ def main() -> None:
     s.add_argument("--deadline-s", type=float, default=150.0, help="per workload: stop sweeping after this long")
     s.add_argument("--dry-run", action="store_true", help="on the CPU: load the plans, print what would run")
     s.set_defaults(func=sweep_stage)
+    v = sub.add_parser("verify", help="each plan under its cap in a fresh process, nothing timed (GPU)")
+    v.add_argument("--out", required=True)
+    v.add_argument("--plans", required=True, help="the plan stage's folder")
+    v.add_argument("--workloads", default=",".join(WORKLOADS))
+    v.set_defaults(func=verify_stage)
     args = parser.parse_args()
     args.func(args)
 
