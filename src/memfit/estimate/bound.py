@@ -30,6 +30,7 @@ UncertaintyReason = Literal[
     "sparse_data",
     "compiled",
     "optimizer_state_rule",
+    "reentrant_checkpoint",
 ]
 
 # Widths, as fractions of the replayed cap. Each says what it covers and where it comes from.
@@ -61,6 +62,16 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # torchao's 8-bit Adam, whose compiled update's scratch is a rule taken from the larger of two code
     # generators (memfit.estimate.optimizer_twins.EIGHT_BIT_SCRATCH_FP32): named, not widened
     "optimizer_state_rule": 0.0,
+    # reentrant checkpointing (use_reentrant=True) of blocks with convolutions: the recompute runs in a nested
+    # backward whose gradient buffers and cuDNN algorithms the trace does not reproduce. Transformer blocks are
+    # exact within 0.22 % (GPT-2 and a ViT-style stack: benchmarks/results/plan/checkpoint_modes_h100_*), but the
+    # built-in 3-D U-Net at 1 x 2 with two blocks checkpointed needed a cap 19.4 % above the replayed one (its
+    # allocator stream replays to 3.01 GB against 2.52; a 2.87 GB cap ran out of memory), where full
+    # checkpointing of the same blocks was within 0.1 %: one more 128 MiB gradient buffer alive in the nested
+    # backward, a 384 MiB workspace where the first forward's conv took 151 MiB
+    # (benchmarks/results/plan/unet3d_checkpoint_traces_h100_torch2.11_20261126/; fit data). The width is that
+    # need beyond the base margin and the slack, rounded up.
+    "reentrant_checkpoint": 0.12,
 }
 
 _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACachingAllocator.cpp kLargeBuffer)

@@ -510,6 +510,9 @@ class _Recorder(tp.TorchDispatchMode):
         # reentrant checkpointing recomputes inside its own node's backward; non-reentrant inside whichever node
         # unpacks a saved tensor first
         reentrant = recompute and tp.autograd_node_name(tp.current_autograd_node()) == "CheckpointFunctionBackward"
+        if reentrant and name == "convolution" and "reentrant_checkpoint" not in self.trace.uncertain:
+            self.note_rule("reentrant_checkpoint", f"{self.module_stack[-1]}: a convolution recomputed by reentrant "
+                           "checkpointing, in a nested backward")
         self.costs.record(func, name, args, kwargs, out, recompute=recompute, reentrant=reentrant,
                           selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
