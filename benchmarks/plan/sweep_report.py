@@ -112,7 +112,8 @@ def patch_table(path: Path) -> list[str]:
               f"{d.get('torch')}: {right} of {total} cells the largest patch on the ladder that fits (the chosen "
               "patch ran under the cap, every larger rung ran out of memory). Cap = budget − the CUDA context the "
               "plan assumed; the predicted cap is the estimate's upper bound, what the search decides with "
-              "(it keeps it under the budget × 0.98 less the context)."]
+              "(it keeps it under the budget × (1 − the plan's margin) less the context; the margin was 2 % until the "
+              "second round of 2026-11-26, 0 since)."]
     return lines
 
 
