@@ -138,8 +138,8 @@ class Search:
         Why it is safe: with the same op sequence, a larger micro-batch (or patch) makes every tensor at least as
         large, so the bytes requested and alive after every allocation, and their peak, are at least ``config``'s.
         The allocator gives each request a block at least as large, in either segment mode, and "fits" is decided
-        with the upper bound: the replayed cap (never below the allocated peak) widened by at least
-        ``memfit.estimate.bound.BASE_MARGIN``, plus a CUDA context of at least ``GpuSpec.context_bytes(False)``.
+        with the upper bound: the replayed cap (never below the allocated peak) widened, plus a CUDA context of at
+        least ``GpuSpec.context_bytes(False)``; the floor is that peak and that context, not widened.
         Optional allocations (a cuDNN workspace that may fail and fall back) are not counted. It assumes the traced
         op sequence does not depend on the batch size (no branch on ``x.shape[0]``).
         """
