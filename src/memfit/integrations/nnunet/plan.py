@@ -25,6 +25,7 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.integrations.nnunet.planner import (
     MEMFIT_KEY,
+    NNUNET_MARGIN,
     LadderStep,
     PatchChoice,
     budget_label,
@@ -33,7 +34,7 @@ from memfit.integrations.nnunet.planner import (
     write_plans_check,
 )
 from memfit.integrations.nnunet.trainer_step import CONFIGURATION, read_json, require_nnunet
-from memfit.plan.search import DEFAULT_MARGIN, check_budget
+from memfit.plan.search import check_budget
 from memfit.records import JsonRecord
 from memfit.units import format_bytes, parse_bytes
 
@@ -155,7 +156,7 @@ def plan_nnunet(
     gpu: str | GpuSpec | None = "h100",
     source_plans: str = "nnUNetPlans",
     name: str | None = None,
-    margin: float = DEFAULT_MARGIN,
+    margin: float = NNUNET_MARGIN,
     allocator: AllocatorConfig | None = None,
 ) -> NnunetPlan:
     """Write a plans file beside ``source_plans`` whose 3d_fullres patch and batch fit ``budget``, as memfit

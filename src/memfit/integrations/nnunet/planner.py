@@ -27,13 +27,18 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.integrations.nnunet.trainer_step import require_nnunet, trainer_workload
-from memfit.plan.search import DEFAULT_MARGIN, check_budget
+from memfit.plan.search import check_budget
 from memfit.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
 MEMFIT_KEY = "memfit"
 """Top-level key of a plans file memfit wrote (nnU-Net reads only the keys it knows): what it was planned for."""
+
+NNUNET_MARGIN = 0.02
+"""The share of the budget an nnU-Net plan keeps free on top of memfit's upper bound (``memfit.plan.search`` keeps
+none): nnU-Net turns ``cudnn.benchmark`` on, whose trial algorithms take workspaces from the same allocator, which
+the estimate does not count (users report runs failing there near the limit: MIC-DKFZ/nnUNet#2294)."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,7 @@ def memfit_planner(
     *,
     budget_bytes: int | None = None,
     gpu: str | GpuSpec | None = "h100",
-    margin: float = DEFAULT_MARGIN,
+    margin: float = NNUNET_MARGIN,
     allocator: AllocatorConfig | None = None,
 ) -> type:
     """A subclass of nnU-Net's planner ``base`` (default ``ExperimentPlanner``; ``ResEncUNetPlanner`` and the
