@@ -43,6 +43,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 
+from optimizer_state_cpu import host_adamw  # noqa: E402
+
 from _results import card, stem  # noqa: E402
 
 WORKLOADS = ("gpt2", "unet2d")
@@ -140,17 +142,8 @@ def host_rates() -> dict[str, Any]:
     """Fused CPU AdamW bytes/s (7 tensor passes of 4 bytes per element) and pinned copy GB/s each way."""
     import torch
 
-    n = 50_000_000
-    p = torch.nn.Parameter(torch.randn(n))
-    p.grad = torch.randn(n)
-    opt = torch.optim.AdamW([p], fused=True)
-    opt.step()
-    ts = []
-    for _ in range(5):
-        start = time.perf_counter()
-        opt.step()
-        ts.append(time.perf_counter() - start)
-    out: dict[str, Any] = {"host_adamw_bytes_per_s": 28 * n / statistics.median(ts), "cpu_threads": torch.get_num_threads()}
+    adamw = host_adamw(50_000_000)
+    out: dict[str, Any] = {"host_adamw_bytes_per_s": adamw["bytes_per_s"], "cpu_threads": adamw["threads"]}
     host = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for label, dst, src in (("d2h_gbs", host, dev), ("h2d_gbs", dev, host)):

@@ -77,11 +77,6 @@ def _workload(name: str):  # noqa: ANN202
     return builtin_workload(builtin).replace(keep_output=False, **changes)
 
 
-def _config_dict(c) -> dict:  # noqa: ANN001 - a memfit.plan.search.Config
-    return {"batch_size": c.micro_batch, "accumulation_steps": c.accumulation_steps,
-            "checkpoint": list(c.checkpoint), "optimizer_impl": c.optimizer_impl, "channels_last": c.channels_last}
-
-
 def _key(config: dict) -> str:
     return json.dumps({**{k: config[k] for k in ("batch_size", "accumulation_steps", "checkpoint", "optimizer_impl",
                                                  "channels_last")},
