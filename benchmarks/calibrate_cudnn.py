@@ -116,6 +116,26 @@ def conv_narrow_trigger_rows() -> list[dict]:
     return rows
 
 
+def conv_pointwise_half_rows() -> list[dict]:
+    """2-D 1x1 convolutions in half precision, which the rule charged nothing: the filter gradient of some takes
+    a workspace (mobilenet_v3's 160 -> 960 at 4 x 4, batch 48: 29.5 MB = batch x Cin x Cout fp32 partial sums;
+    a 16 -> 14 head at 512 x 512: 34 MB; corpus fit entries c001 and c032 on an H100). Bottleneck, expansion,
+    projection and head layers of real networks at the sizes they run at, stride 2 for ResNet's shortcuts;
+    backward also as its two calls alone."""
+    rows = []
+    shapes = [(16, 14, 1), (32, 3, 1), (64, 256, 1), (256, 64, 1), (128, 512, 1), (512, 128, 1), (160, 960, 1),
+              (960, 160, 1), (512, 2048, 1), (2048, 512, 1), (24, 144, 1), (576, 96, 1), (256, 512, 2),
+              (1024, 2048, 2)]
+    for (cin, cout, s), hw, n, dname in itertools.product(shapes, (4, 7, 14, 28, 56, 112, 224, 512), (2, 8, 16, 48),
+                                                          ("bf16", "fp16")):
+        if n * max(cin, cout) * hw * hw * 2 > 1 << 30:
+            continue  # beyond any layer of the models we size at these batches
+        row = _conv_case(2, n, cin, cout, 1, s, 1, False, hw, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False):  # noqa: ANN001, ANN202
     dtype = DTYPES[dname]
     try:
@@ -191,13 +211,15 @@ def rnn_rows() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
-    parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl", "lstm",
+    parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
+                                                "conv_pointwise_half", "lstm",
                                                 "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
     families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_narrow": conv_narrow_rows,
-                "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows, "lstm": lstm_rows,
+                "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
+                "conv_pointwise_half": conv_pointwise_half_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)

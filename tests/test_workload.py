@@ -6,6 +6,7 @@ import torch
 from memfit import Workload
 from memfit.errors import WorkloadError
 from memfit.workload.loading import load_workload
+from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload.zoo import builtin_names, builtin_workload
 
 
@@ -107,3 +108,20 @@ def test_effective_batch_and_patch_batch():
     assert w.effective_batch_size == 6
     x, y = w.make_batch(2)
     assert tuple(x.shape) == (2, 4, 32, 64, 32) and tuple(y.shape) == (2, 32, 64, 32)
+
+
+def test_settle_scaler_runs_until_the_optimizer_stepped():
+    # the weight's gradient, 4 rows of ones x 1000 x the scale, overflows fp16 (65504) until the scale falls to
+    # 2**4: twelve skipped steps
+    w = _w(precision="fp16", optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
+           batch=lambda n: (torch.ones(n, 4), torch.zeros(n, dtype=torch.long)),
+           loss=lambda out, b: out.float().sum() * 1000)
+    runs = {}
+    for settle in (False, True):
+        model, optimizer, batch = build(w, "cpu")
+        scaler = torch.amp.GradScaler("cpu")
+        steps = run_steps(w, model, optimizer, batch, autocast_device="cpu", scaler=scaler, settle_scaler=settle)
+        runs[settle] = (steps, len(optimizer.state), scaler.get_scale())
+    assert runs[False] == (DEFAULT_STEPS, 0, 2.0 ** 13)  # every protocol step skipped: no Adam state
+    # the first real step is the 13th (scale 2**4); one whole step runs after it, with the state alive
+    assert runs[True] == (14, 2, 2.0 ** 4)

@@ -428,7 +428,11 @@ def workload(entry_id: str) -> Workload:
     by_id = {e["id"]: e for e in _corpus()["entries"]}
     if entry_id not in by_id:
         raise KeyError(f"no corpus entry {entry_id!r} in {CORPUS_JSON.name} ({len(by_id)} entries)")
-    e = by_id[entry_id]
+    return entry_workload(by_id[entry_id])
+
+
+def entry_workload(e: dict[str, Any]) -> Workload:
+    """A corpus-shaped entry (``id``, ``family``, ``params``, ``optimizer`` ...) as a Workload."""
     fields = FAMILIES[e["family"]](e["params"])
     loop = {"keep_output": e["keep_output"]} if "keep_output" in {f.name for f in dataclasses.fields(Workload)} else {}
     return Workload(

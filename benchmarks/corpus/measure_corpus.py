@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--trial-timeout-s", type=float, default=300.0)
     parser.add_argument("--tolerance", type=float, default=0.005, help="bisection stops at this fraction of peak")
     parser.add_argument("--no-bisect", action="store_true", help="peaks only: one trial per entry")
+    parser.add_argument("--fresh", action="store_true",
+                        help="measure again: resume only from --out and --done, not from the committed results")
     args = parser.parse_args()
     started = time.monotonic()
     deadline = started + args.budget_s
@@ -214,7 +216,7 @@ def main() -> None:
         "corpus_measurements", card(device["gpu"]), device["torch_version"])))
     out.mkdir(parents=True, exist_ok=True)
     earlier = latest("estimate", f"corpus_measurements_{card(device['gpu'])}_{torch_tag(device['torch_version'])}")
-    folders = [out, *map(Path, args.done), *([earlier] if earlier.is_dir() else [])]
+    folders = [out, *map(Path, args.done), *([earlier] if earlier.is_dir() and not args.fresh else [])]
     pool_bytes = device["total_bytes"] - int(args.reserve_gib * GIB)
     skipped = _check_libraries([e["id"] for e in chosen])
     meta = {**device, "date": dt.date.today().isoformat(), "concurrency": args.concurrency,

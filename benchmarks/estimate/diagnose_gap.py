@@ -21,18 +21,19 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CASES = [
+CASES: list[tuple[str, bool | None]] = [
     ("smp_unet_r34_ce2", False), ("swin_unetr_ce14", False), ("bigru_1000", False),
     ("lstm_lm_plain_loop", True), ("lstm_lm_plain_loop", False),
 ]
 
 
-def _one(name: str, keep: bool, folder: Path) -> dict:
+def _one(name: str, keep: bool | None, folder: Path, cases: str) -> dict:
     from memfit.estimate.measure import measure
 
-    trace = folder / f"{name}_{'plain' if keep else 'lossonly'}.json.gz"
+    trace = folder / f"{name}_{'own' if keep is None else 'plain' if keep else 'lossonly'}.json.gz"
     try:
-        m = measure(f"{HERE / 'gap_cases.py'}:{name}", trace=str(trace), changes={"keep_output": keep})
+        changes = None if keep is None else {"keep_output": keep}
+        m = measure(f"{HERE / cases}:{name}", trace=str(trace), changes=changes)
     except Exception as exc:  # a case that cannot run here is reported, not fatal
         return {"name": name, "keep_output": keep, "error": f"{type(exc).__name__}: {exc}"}
     d = dataclasses.asdict(m)
@@ -44,6 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("-j", type=int, default=4)
+    parser.add_argument("--cases", default="gap_cases.py",
+                        help="probe_cases.py: its probes, each in its own loop (the files' output names say which)")
     args = parser.parse_args()
     import torch
 
@@ -51,8 +54,15 @@ def main() -> None:
     slug = gpu.lower().replace("nvidia", "").strip().split()[0]
     folder = Path(tempfile.mkdtemp())
     with cf.ThreadPoolExecutor(args.j) as pool:
-        rows = list(pool.map(lambda c: _one(c[0], c[1], folder), CASES))
+        if args.cases == "gap_cases.py":
+            cases: list[tuple[str, bool | None]] = list(CASES)
+        else:
+            from probe_cases import PROBES  # noqa: PLC0415 (the probes only)
+
+            cases = [(name, None) for name in PROBES]
+        rows = list(pool.map(lambda c: _one(c[0], c[1], folder, args.cases), cases))
     out = Path(args.out)
+    slug = slug if args.cases == "gap_cases.py" else f"probes_{slug}"
     result = {"gpu": gpu, "torch": torch.__version__, "date": dt.date.today().isoformat(), "rows": rows}
     (out / f"gap_{slug}.json").write_text(json.dumps(result, indent=1))
     with tarfile.open(out / f"gap_traces_{slug}.tar.gz", "w:gz") as tar:

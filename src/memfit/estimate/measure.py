@@ -233,7 +233,9 @@ def _trial_main(argv: list[str] | None = None) -> None:
     try:
         model, optimizer, batch = build(workload, "cuda")
         scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
-        run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=args.steps)
+        # fp16: until the optimizer really stepped (a fresh GradScaler skips it while its scale overflows)
+        run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=args.steps,
+                  settle_scaler=True)
         torch.cuda.synchronize()
     except torch.OutOfMemoryError as exc:
         ok, error = False, str(exc).splitlines()[0]

@@ -514,10 +514,12 @@ def _time_phases(workload: Workload, device: str, *, warmup: int, repeats: int) 
     scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
     steps = warmup + repeats
     try:
-        run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=steps, phase=mark)
+        # fp16: past the fresh GradScaler's skipped steps, whose optimizer does nothing
+        steps = run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=steps,
+                          phase=mark, settle_scaler=True)
         torch.cuda.synchronize(device)
         times: list[tuple[float, float, float]] = []
-        for s in range(warmup, steps):
+        for s in range(steps - repeats, steps):
             # the optimizer phase runs until the next step's forward: zero_grad belongs to it, as in StepCost
             opt_end = events.get((s + 1, "forward"), events[(steps, "end")])
             times.append(tuple(  # type: ignore[arg-type]

@@ -1,0 +1,52 @@
+"""Fit-side probes of the classes the validation half found farthest off, built by hand with other shapes.
+
+The validation half tunes nothing, so its worst entries (an fp32 LSTM language model's cap -12.8 %, a bf16 GRU's
++16 %, fp32 ``nn.TransformerEncoder`` steps +14 % and +7.5 %) are studied here on steps of the same families
+with different sizes, optimizers and loops, measured with their allocator streams
+(``diagnose_gap.py --cases probe_cases.py``). Each is a corpus-shaped entry, built by the corpus's own families.
+
+    memfit estimate benchmarks/estimate/probe_cases.py:p_lstm_fp32_keep
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "corpus"))
+
+from corpus import entry_workload  # noqa: E402
+
+import memfit  # noqa: E402
+
+
+def _e(id_: str, family: str, params: dict[str, Any], precision: str, optimizer: dict[str, Any], batch: int,
+       keep: bool) -> dict[str, Any]:
+    return {"id": id_, "split": "fit", "family": family, "description": f"probe {id_}", "params": params,
+            "precision": precision, "optimizer": optimizer, "batch_size": batch, "keep_output": keep}
+
+
+PROBES = {e["id"]: e for e in (
+    _e("p_lstm_fp32_keep", "rnn", {"cell": "lstm", "task": "lm", "hidden": 320, "layers": 3, "seq": 48,
+                                   "vocab": 12000, "embed": 320},
+       "fp32", {"name": "AdamW", "impl": "for-loop", "lr": 1e-3, "weight_decay": 0.01}, 48, True),
+    _e("p_lstm_fp32_drop", "rnn", {"cell": "lstm", "task": "lm", "hidden": 256, "layers": 2, "seq": 96,
+                                   "vocab": 8000, "embed": 256},
+       "fp32", {"name": "Adam", "impl": "foreach", "lr": 1e-3}, 80, False),
+    _e("p_gru_bf16", "rnn", {"cell": "gru", "task": "lm", "hidden": 384, "layers": 1, "seq": 192, "vocab": 12000,
+                             "embed": 384},
+       "bf16", {"name": "Adam", "impl": "fused", "lr": 1e-3}, 96, False),
+    _e("p_enc_fp32_ckpt", "torch_encoder", {"dim": 384, "heads": 6, "layers": 3, "vocab": 12000, "seq": 384,
+                                            "norm_first": False, "checkpoint": True},
+       "fp32", {"name": "AdamW", "impl": "for-loop", "lr": 1e-3, "weight_decay": 0.01}, 48, False),
+    _e("p_enc_fp32_prenorm", "torch_encoder", {"dim": 512, "heads": 8, "layers": 4, "vocab": 12000, "seq": 192,
+                                               "norm_first": True, "checkpoint": False},
+       "fp32", {"name": "Adam", "impl": "fused", "lr": 1e-3}, 24, True),
+)}
+
+
+def __getattr__(name: str) -> memfit.Workload:
+    if name in PROBES:
+        return entry_workload(PROBES[name])
+    raise AttributeError(name)
