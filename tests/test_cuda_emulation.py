@@ -184,3 +184,30 @@ def test_convolution_workspaces_count_channels_as_cudnn_pads_them():
                  "cudnn_calibration_conv_large_h200_torch2.11_20261126.json"):
         shortfalls = _grid_shortfalls(grid)
         assert len(shortfalls) > 150 and max(shortfalls) <= 17 * MiB, (grid, max(shortfalls) / MiB)
+
+
+def test_pointwise_half_convolutions_take_what_cudnn_took():
+    # 2-D 1x1 convolutions in half precision were charged nothing: ResNet's strided shortcuts take the layout
+    # conversion in every call, and a stride-1 filter gradient its per-image fp32 partial sums (29.5 MB in
+    # mobilenet_v3 at batch 48) or, with narrow inputs, a conversion block (34 MB in a U-Net's 16 -> 14 head)
+    import json
+    from pathlib import Path
+
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    MiB = 1 << 20
+    path = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate"
+            / "cudnn_calibration_conv_pointwise_half_h200_torch2.11_20261126.json")
+    strided, filter_grads = [], []
+    for r in json.loads(path.read_text())["rows"]:
+        n, s, side = r["n"], r["stride"], r["size"]
+        shapes = ((n, r["cin"], side, side), (r["cout"], r["cin"], 1, 1), (n, r["cout"], -(-side // s), -(-side // s)))
+        rule = {backward: conv_workspace_bytes(*shapes, itemsize=2, stride=(s, s), groups=1, transposed=False,
+                                               half=True, backward=backward) for backward in (False, True)}
+        if s > 1:
+            strided += [r["fwd_ws"] - rule[False], r["bwd_ws"] - rule[True]]
+        else:
+            filter_grads.append(r["wgrad_ws"] - rule[True])
+    assert len(strided) > 200 and max(strided) <= 8 * MiB and min(strided) >= -8 * MiB
+    assert len(filter_grads) > 600 and max(filter_grads) <= 18 * MiB
+    assert sum(d > MiB for d in filter_grads) <= 12

@@ -180,6 +180,51 @@ def test_attention_with_a_learned_bias_takes_the_memory_efficient_kernel():
     assert big == [("_scaled_dot_product_efficient_attention_backward", (b, h, seq, seq), b * h * seq * 112 * 4)]
 
 
+def test_a_deep_copied_module_allocates_no_view_of_its_parameters():
+    # copy.deepcopy of a fake parameter copied its fake mode too (nn.TransformerEncoder clones its layer): the copy
+    # was converted again on every op, and each `weight.t()` counted a weight-sized block
+    import copy
+
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layer = torch.nn.Linear(64, 64)
+            self.layers = torch.nn.ModuleList(copy.deepcopy(layer) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    w = Workload(model=Stack, batch=lambda n: (torch.randn(n, 64),), loss=lambda out, bt: out.sum(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4)
+    trace = trace_workload(w, GPU, steps=1)
+    forward = [(a.op, a.nbytes) for a in trace.allocs if a.phase == "forward" and a.category != "workspaces"]
+    assert forward == [("addmm", 4 * 64 * 4)] * 3  # the three outputs, no weight-sized view
+
+
+@pytest.mark.parametrize(("precision", "kernel", "copies"), [
+    ("fp32", "_scaled_dot_product_efficient_attention", 1),
+    ("bf16", "_scaled_dot_product_flash_attention_for_cpu", 0),
+])
+def test_multihead_attention_lays_out_the_output_as_cuda_does(precision, kernel, copies):  # noqa: ANN001
+    # fp32: CUDA runs the memory-efficient kernel, whose output is (B, L, H, D) in memory whatever the query's
+    # layout, so nn.MultiheadAttention's permute(2, 0, 1, 3).contiguous() copies it (the copy is kept for
+    # out_proj's backward); in half precision the flash kernel's output follows the query, and no copy is made
+    b, seq, dim, heads = 2, 16, 64, 4
+    w = Workload(
+        model=lambda: torch.nn.TransformerEncoderLayer(dim, heads, 128, dropout=0.0, batch_first=True),
+        batch=lambda n: (torch.randn(n, seq, dim),), loss=lambda out, bt: out.float().sum(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=b, precision=precision,
+    )
+    trace = trace_workload(w, GPU, steps=1)
+    forward = [a for a in trace.allocs if a.phase == "forward"]
+    assert any(a.op == kernel for a in forward)
+    itemsize = 4 if precision == "fp32" else 2
+    output_copies = [a for a in forward if a.op == "clone" and a.shape == (seq, b, heads, dim // heads)]
+    assert len(output_copies) == copies and all(a.nbytes == b * seq * dim * itemsize for a in output_copies)
+
+
 def test_a_bias_with_a_strided_last_dimension_takes_the_math_path():
     # CUDA's fused kernels refuse a mask whose last dimension is not contiguous (the CPU's accept it): Hugging Face
     # T5 5.17 passes its position bias as a permuted view, and the H200 ran the math path, probabilities and all
@@ -278,6 +323,18 @@ def test_cuda_runs_the_memory_efficient_kernel_for_a_learned_bias(dtype):  # noq
     assert "_scaled_dot_product_efficient_attention_backward.default" in names
     shapes = dict(ops.seen)["_scaled_dot_product_efficient_attention.default"]
     assert shapes[:2] == [(2, 4, 100, 32), (2, 4, 128)]  # the output and the padded log-sum-exp memfit predicts
+
+
+@pytest.mark.gpu
+def test_cuda_lays_out_fp32_attention_output_by_batch_then_sequence():
+    # what the trace's fp32 attention assumes: the memory-efficient kernel, an output (B, L, H, D) in memory even
+    # for nn.MultiheadAttention's (L, B*H, D)-shaped query
+    seq, b, h, d = 64, 2, 4, 32
+    q, k, v = (torch.randn(seq, b * h, d, device="cuda", requires_grad=True).view(seq, b, h, d).permute(1, 2, 0, 3)
+               for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert out.grad_fn.name().startswith("ScaledDotProductEfficientAttention")
+    assert out.transpose(1, 2).is_contiguous() and not out.permute(2, 0, 1, 3).is_contiguous()
 
 def test_checkpointing_recomputes_in_backward():
     from torch.utils.checkpoint import checkpoint

@@ -258,6 +258,14 @@ def _cuda_sdpa(
             return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
         bias = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         return tp.sdpa_efficient(query, key, value, bias, dropout_p, is_causal, scale)
+    if not half and attn_mask is None and isinstance(query, tp.FakeTensor):
+        # fp32: the flash kernel takes only fp16/bf16, so CUDA runs the memory-efficient one, whose output is laid
+        # out (B, L, H, D) whatever the query's layout; the CPU kernel's follows the query. nn.MultiheadAttention's
+        # query is a view of (L, B*H, D): its permute(2, 0, 1, 3).contiguous() then copies CUDA's output, one more
+        # output-sized block per layer kept for out_proj's backward (fit probe p_enc_fp32_prenorm's H200 stream:
+        # benchmarks/results/estimate/gap_traces_probes_h200_torch2.11_20261126.tar.gz). Its meta kernel is
+        # CUDA's; a real CPU step (data-dependent sizes) cannot run it and keeps the CPU kernel below.
+        return tp.sdpa_efficient(query, key, value, None, dropout_p, is_causal, scale)
     if dropout_p > 0 and not isinstance(query, tp.FakeTensor):
         # a real step (sizes that depend on data): the CPU kernel has no dropout, and CUDA's flash kernel keeps
         # no mask either (it regenerates it from the RNG state), so the saved tensors are the same without it

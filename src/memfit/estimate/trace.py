@@ -604,7 +604,10 @@ class _Recorder(tp.TorchDispatchMode):
             return max(len(args[2]) - 1, 0) * x.numel() * x.element_size() if len(args) > 2 else 0
         if name.startswith("upsample_") and name.endswith("_backward"):
             return args[0].numel() * args[0].element_size()
-        if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        if name in ("_scaled_dot_product_flash_attention_for_cpu_backward",
+                    "_scaled_dot_product_efficient_attention_backward"):
+            # the memory-efficient kernel's backward took the same (fp32 nn.MultiheadAttention: two query-sized
+            # blocks and two log-sum-exp-sized ones beyond the gradients; fit probe p_enc_fp32_prenorm, H200)
             q = args[1]
             return ws.attention_backward_bytes(q.numel() * q.element_size(), q.shape[0] * q.shape[1] * q.shape[2])
         if name == "embedding_dense_backward":

@@ -41,6 +41,9 @@ def conv_workspace_bytes(
     dims = len(kernel)
     if groups > 1:
         return 0  # depthwise/grouped kernels: no layout conversion measured
+    if all(k == 1 for k in kernel) and dims == 2 and half and not transposed:
+        return _pointwise_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=stride,
+                                     backward=backward)
     if all(k == 1 for k in kernel) and (dims == 2 or not half):
         if backward and dims == 3 and not half and max(input_shape[2:]) > LARGE_3D_POINTWISE_FP32:
             # ... but not the backward of a large 3-D one in fp32: 1.03 x input + output at 160-224 per axis
@@ -55,6 +58,52 @@ def conv_workspace_bytes(
         _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
         + _nbytes(weight_shape, itemsize)
     )
+
+
+# 2-D 1x1 convolutions in half precision, measured on 776 shapes (14 layer shapes of real networks: bottleneck,
+# expansion, projection, heads, ResNet's strided shortcuts; 4-512 per axis, batch 2-48, bf16 and fp16; each call
+# alone): cudnn_calibration_conv_pointwise_half_h200_torch2.11_20261126.json.
+POINTWISE_NARROW_CIN = 24
+"""Input channels up to which a stride-1 1x1 filter gradient at batch <= 8 takes the layout-conversion block."""
+POINTWISE_MIN_PIXELS = 28 * 28
+"""From this many pixels per image the per-image partial sums were taken whatever their size (all 14 shapes)."""
+POINTWISE_NARROW_FACTOR = 1.1
+"""The narrow filter gradient's block as a multiple of input + output (16 -> 14 channels: 1.1 from 112 x 112 up,
+1.3 at 28-56; 24 -> 144: 1.0-1.2)."""
+POINTWISE_PARTIAL_SUMS_SMALL = 32 << 20
+"""Below this many bytes of partial sums, images smaller than 28 x 28 took them too (mobilenet_v3's 160 -> 960 at
+4 x 4); larger ones (ResNet-50's 2048 <-> 512 at 7 x 7) took a conversion block no larger than input + output."""
+
+
+def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int], *,
+                          itemsize: int, stride: Sequence[int], backward: bool) -> int:
+    """What a 2-D 1x1 half-precision convolution call takes.
+
+    * Strided (ResNet's shortcuts): the layout conversion of every other convolution, in forward and in both
+      backward calls (input + output + weight: 1.0-1.1 x in+out on all 112 strided shapes).
+    * Stride 1, forward: none (a GEMM on the NCHW data; none on 615 of 664 calls).
+    * Stride 1, backward: the filter gradient sums per image in fp32 first, batch x Cin x Cout x 4 bytes
+      (mobilenet_v3's 160 -> 960 at 4 x 4, batch 48: 29.5 MB in corpus fit entry c001's H100 stream), except below
+      28 x 28 when those sums are large (then at most input + output), and for narrow inputs (<= 24 channels) at
+      batch <= 8 from 28 x 28 up, which take a conversion block of about 1.1 x input + output instead (a U-Net's
+      16 -> 14 head at 512 x 512, batch 2: 34 MB, fit entry c032). On the grid's 664 stride-1 filter gradients
+      this is under by more than 1 MiB on 12 (at most 17 MiB), over by up to 141 MiB. The data gradient's conversion block appears
+      erratically (mostly at 4-14 per axis, where it is small; on a few 112 x 112 shapes with 512-2048 input
+      channels, up to 0.98 GB): not charged, the bound's margin covers it.
+    """
+    io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
+    if any(s > 1 for s in stride):
+        return io + _nbytes(weight_shape, itemsize)
+    if not backward:
+        return 0
+    n, cin = input_shape[0], input_shape[1]
+    partial_sums = n * cin * weight_shape[0] * 4
+    pixels = math.prod(input_shape[2:])
+    if cin <= POINTWISE_NARROW_CIN and n <= 8 and pixels >= POINTWISE_MIN_PIXELS:
+        return max(partial_sums, math.ceil(POINTWISE_NARROW_FACTOR * io))
+    if pixels >= POINTWISE_MIN_PIXELS or partial_sums < POINTWISE_PARTIAL_SUMS_SMALL:
+        return partial_sums
+    return min(partial_sums, io)
 
 
 def _padded_nbytes(shape: Sequence[int], itemsize: int) -> int:
