@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("-j", type=int, default=4)
     parser.add_argument("--cases", default="gap_cases.py",
                         help="probe_cases.py: its probes, each in its own loop (the files' output names say which)")
+    parser.add_argument("--only", help="comma-separated probe names")
     args = parser.parse_args()
     import torch
 
@@ -59,7 +60,7 @@ def main() -> None:
         else:
             from probe_cases import PROBES  # noqa: PLC0415 (the probes only)
 
-            cases = [(name, None) for name in PROBES]
+            cases = [(name, None) for name in PROBES if not args.only or name in args.only.split(",")]
         rows = list(pool.map(lambda c: _one(c[0], c[1], folder, args.cases), cases))
     out = Path(args.out)
     slug = slug if args.cases == "gap_cases.py" else f"probes_{slug}"
