@@ -143,21 +143,26 @@ def activations_by_block(by_module: dict[str, int]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def checkpoint_choices(by_module: dict[str, int], blocks: Iterable[str]) -> list[tuple[str, ...]]:
-    """What to checkpoint: the fewest blocks holding half of the blocks' activations (heaviest first), then all
-    blocks that hold any; each in forward order, without repeats."""
+def checkpoint_choices(by_module: dict[str, int], blocks: Iterable[str],
+                       shares: tuple[float, ...] = (0.5,)) -> list[tuple[str, ...]]:
+    """What to checkpoint: for each share, the fewest blocks holding that share of the blocks' activations
+    (heaviest first), then all blocks that hold any; each in forward order, without repeats."""
     order = list(blocks)
     held = activations_by_block(by_module)
     ranked = sorted((b for b in order if held.get(b, 0) > 0), key=lambda b: -held[b])
     if not ranked:
         return []
-    total, acc, half = sum(held[b] for b in ranked), 0, []
-    for b in ranked:
-        half.append(b)
-        acc += held[b]
-        if acc >= total / 2:
-            break
-    in_order = [tuple(b for b in order if b in chosen) for chosen in (set(half), set(ranked))]
+    total = sum(held[b] for b in ranked)
+    chosen: list[set[str]] = []
+    for share in sorted(shares):
+        acc, fewest = 0, set()
+        for b in ranked:
+            fewest.add(b)
+            acc += held[b]
+            if acc >= total * share:
+                break
+        chosen.append(fewest)
+    in_order = [tuple(b for b in order if b in c) for c in (*chosen, set(ranked))]
     return list(dict.fromkeys(in_order))
 
 
