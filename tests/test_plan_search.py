@@ -9,7 +9,6 @@ whose exact estimate fits.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from dataclasses import dataclass
 
@@ -37,8 +36,6 @@ from memfit.plan.search import (
 )
 from memfit.workload.spec import Workload
 from memfit.workload.zoo import builtin_workload
-
-search_module = importlib.import_module("memfit.plan.search")  # the module (memfit.plan.search is also a function)
 
 EFF = PLAN_EFFECTIVE
 ALLOCATOR = AllocatorConfig()  # not the environment's PYTORCH_CUDA_ALLOC_CONF: the tests must not depend on it
@@ -121,19 +118,8 @@ def test_the_plan_is_the_fastest_configuration_an_exact_estimate_fits(grid: Grid
     assert p.chosen.verified and p.chosen.fits and p.chosen.device_bytes == grid.need(expected) <= limit
 
 
-@pytest.fixture(scope="module")
-def half_grid() -> Grid:
-    """The grid with half the blocks or all as the only partial choices: it has a configuration the line
-    overestimates at the edge (with three quarters too, a faster choice always fits there)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(search_module, "CHECKPOINT_SHARES", (0.5,))
-        return full_grid(plan_unet())
-
-
-def test_the_memory_line_would_rule_out_the_plan_the_exact_estimate_lets_it_in(half_grid: Grid, monkeypatch):  # noqa: ANN001
+def test_the_memory_line_would_rule_out_the_plan_the_exact_estimate_lets_it_in(grid: Grid):
     """The issue's GPT-2 at 16 GiB in small: the line puts the fastest configuration that fits over the limit."""
-    grid = half_grid
-    monkeypatch.setattr(search_module, "CHECKPOINT_SHARES", (0.5,))
     cases = [c for c in sorted(grid.configs, key=grid.time)
              if grid.line(c) > grid.need(c) and grid.fastest_fitting(grid.need(c)) == c]
     assert cases, "the grid has no configuration the line overestimates at the edge; pick another workload"
@@ -464,3 +450,35 @@ def test_a_change_of_memory_format_must_be_predicted_worth_it():
     assert min([own, faster], key=lambda c: _speed_key(c, False)) is faster
     # the user's own channels_last is no change: the same candidates, the other way round
     assert min([cand(True, 100.0), cand(False, 99.0)], key=lambda c: _speed_key(c, True)).config.channels_last
+
+
+def test_where_the_plan_checkpoints_every_block_it_also_tries_three_quarters_of_them():
+    # ViT-B/16 at 4 GiB: all 12 blocks were checkpointed where 9 ran under the cap 10 % faster
+    from memfit.plan.search import _finer_checkpointing, verified
+
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(
+                torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+                for _ in range(4))
+            self.head = torch.nn.Linear(256, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = x + block(x)
+            return self.head(x)
+
+    w = Workload(model=Stack, batch=lambda n: (torch.randn(n, 256), torch.randint(0, 10, (n,))),
+                 loss=lambda out, b: torch.nn.functional.cross_entropy(out, b[1]),
+                 optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), batch_size=64, keep_output=False)
+    search = Search(w, gpu_spec(None), ALLOCATOR, 1 << 62, 64, None, False)
+    structures, _ = _memory_models(search)
+    every = next(s for s in structures if len(s.checkpoint) == 4 and s.checkpoint_mode == "full")
+    assert not any(len(s.checkpoint) == 3 for s in structures)  # half and all only, at first
+    finer = _finer_checkpointing(search, verified(search, every.config(32, 64)))
+    assert [(len(c.config.checkpoint), c.config.checkpoint_mode, c.config.micro_batch) for c in finer] == [
+        (3, "full", 32)]
+    assert all(c.verified for c in finer)
+    # a plan that checkpoints three blocks already has nothing finer to try
+    assert _finer_checkpointing(search, verified(search, finer[0].config)) == []

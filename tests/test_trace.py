@@ -664,3 +664,34 @@ def test_trace_leaves_the_collector_as_it_found_it():
         assert gc.get_freeze_count() > frozen // 2  # still frozen (frozen objects may die by reference count)
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("keep_output", [True, False])
+def test_micro_batches_copied_from_the_second_are_the_stream_tracing_gives(monkeypatch, keep_output):  # noqa: ANN001
+    # from the third micro-batch on the tracer copies the second's events: the stream must be the one tracing
+    # every micro-batch gives, the plain loop's held output and loss freed where the next forward frees them
+    import importlib
+
+    trace_module = importlib.import_module("memfit.estimate.trace")
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 10))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    w = Workload(model=Net, batch=lambda n: (torch.randn(n, 64), torch.randint(0, 10, (n,))),
+                 loss=lambda out, b: torch.nn.functional.cross_entropy(out, b[1]),
+                 optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), batch_size=8, accumulation_steps=4,
+                 precision="bf16", keep_output=keep_output)
+    copies: list[bool] = []
+    copy = trace_module._copy_micro_batch
+    monkeypatch.setattr(trace_module, "_copy_micro_batch", lambda *a: copies.append(copy(*a)) or copies[-1])
+    copied = trace_workload(w, GPU)
+    assert copies and all(copies)
+    monkeypatch.setattr(trace_module, "_copy_micro_batch", lambda *a: False)
+    traced = trace_workload(w, GPU)
+    assert copied.events() == traced.events()
+    assert [(name, s) for _, name, s in copied.phase_marks] == [(name, s) for _, name, s in traced.phase_marks]

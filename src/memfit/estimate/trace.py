@@ -10,6 +10,7 @@ few hundred MB of host memory.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import gc
@@ -101,13 +102,20 @@ class Trace:
     offload: OffloadTraffic | None = None
     """What an offloaded optimizer (``Workload.optimizer_state="cpu_offload"``) moves and computes off the GPU."""
 
+    _events: tuple[tuple[int, int], list[tuple[int, int, int]]] | None = field(
+        default=None, init=False, repr=False, compare=False)
+
     def events(self) -> list[tuple[int, int, int]]:
-        """(op, key, requested bytes) triples for the allocator simulator."""
-        allocs = self.allocs
-        return [
-            ((2 if allocs[k].optional else 1), k, allocs[k].nbytes) if o > 0 else (-1, k, 0)
-            for o, k in zip(self.ops, self.keys)
-        ]
+        """(op, key, requested bytes) triples for the allocator simulator (kept until the trace grows: an
+        estimate and the planner read them several times, 75 ms each for GPT-2 at 23k events)."""
+        size = (len(self.ops), len(self.allocs))
+        if self._events is None or self._events[0] != size:
+            allocs = self.allocs
+            self._events = (size, [
+                ((2 if allocs[k].optional else 1), k, allocs[k].nbytes) if o > 0 else (-1, k, 0)
+                for o, k in zip(self.ops, self.keys)
+            ])
+        return list(self._events[1])
 
     def phase_at(self, index: int) -> tuple[str, int]:
         phase, step = "init", 0
@@ -825,10 +833,11 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int, real: bool = False, 
 
 
 TRACED_MICRO_BATCHES = 4
-"""Micro-batches traced per step. From the second on each allocates what the one before did, with the grads alive,
-but the caching allocator's blocks keep moving: a 2-D U-Net at 4 micro-batches (corpus fit entry c032, H100
-stream) needs a 623 MB cap with two traced and 682 MB with four (measured: 698 MB). Four cover the rearrangement
-that was measured; later ones are taken to repeat it."""
+"""Micro-batches per step in the allocation stream. From the second on each allocates what the one before did, with
+the grads alive, but the caching allocator's blocks keep moving: a 2-D U-Net at 4 micro-batches (corpus fit entry
+c032, H100 stream) needs a 623 MB cap with two in the stream and 682 MB with four (measured: 698 MB). Four cover the
+rearrangement that was measured; later ones are taken to repeat it. Two are traced, the others copied from the
+second (``_copy_micro_batch``)."""
 
 
 def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:
@@ -868,6 +877,7 @@ def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_ob
                         workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
                         phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
                         micro_batches=min(workload.accumulation_steps, TRACED_MICRO_BATCHES),
+                        replay_micro=None if real else functools.partial(_copy_micro_batch, recorder),
                         # a real step's sizes can change from step to step (a detector's matches move with its
                         # weights): each is traced; a fake one repeats the first (see _replay_forward_backward)
                         replay=None if real else functools.partial(_replay_forward_backward, recorder, optimizer),
@@ -1072,6 +1082,70 @@ def _grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tu
             return None
         found.append((i, key))
     return found if len({k for _, k in found}) == len(found) else None
+
+
+def _copy_micro_batch(recorder: _Recorder, step: int, held: list[Any]) -> bool:
+    """Account for the next micro-batch of ``step`` by copying the events of the last one, which has just ended.
+
+    A micro-batch from the second on runs with the grads alive and accumulates into them in place: it allocates
+    what the one before it did. The copy holds if the second micro-batch left nothing alive but what the plain
+    loop holds (its output and loss) and freed nothing made before it but what the first one held; its events
+    are then appended under new keys, the held output and loss of the micro-batch before freed where a traced one
+    frees them, and ``held`` given storages of the same sizes under the copy's keys. Otherwise (False) the
+    micro-batch is traced.
+    """
+    trace = recorder.trace
+    forwards = [at for at, name, s in trace.phase_marks if name == "forward" and s == step]
+    if len(forwards) < 2:
+        return False
+    start, end = forwards[-1], len(trace.ops)  # the last micro-batch, traced or copied
+    held_storages = [t.untyped_storage() for t in _output_tensors(held)]
+    held_keys = [recorder._live.get(st) for st in held_storages]
+    if any(k is None for k in held_keys):
+        return False
+    born: set[int] = set()
+    alive: set[int] = set()
+    earlier_freed: list[int] = []  # what the first micro-batch held, in the order the second freed it
+    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+        if o > 0:
+            born.add(k)
+            alive.add(k)
+        elif k in born:
+            alive.discard(k)
+        else:
+            earlier_freed.append(k)
+    now_held = list(reversed(held_keys))  # the protocol lets go of the last held first
+    if alive != set(held_keys) or len(earlier_freed) != len(now_held) or any(
+            trace.allocs[a].nbytes != trace.allocs[b].nbytes for a, b in zip(earlier_freed, now_held)):
+        return False
+    instead = dict(zip(earlier_freed, now_held))
+    renamed: dict[int, int] = {}
+    moved: list[int] = []
+    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+        moved.append(len(trace.ops))
+        if o > 0:
+            renamed[k] = len(trace.allocs)
+            trace.allocs.append(copy.copy(trace.allocs[k]))
+            trace.ops.append(o)
+            trace.keys.append(renamed[k])
+        else:
+            trace.ops.append(-1)
+            trace.keys.append(renamed[k] if k in renamed else instead[k])
+    trace.phase_marks.extend([(moved[at - start], name, s) for at, name, s in list(trace.phase_marks)
+                              if s == step and start <= at < end])
+    recorder.silent = True
+    try:
+        for storage in held_storages:
+            recorder.disown(storage)  # freed in the copy's events
+        stand_ins = []
+        for key in held_keys:
+            stand_in = torch.empty(trace.allocs[key].nbytes, dtype=torch.uint8)
+            recorder._own(stand_in.untyped_storage(), renamed[key])
+            stand_ins.append(stand_in)
+        held[:] = stand_ins
+    finally:
+        recorder.silent = False
+    return True
 
 
 def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int,

@@ -325,8 +325,13 @@ def plan(
     structures, models = _memory_models(search)
     configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
     chosen, notes = _walk(search, configs, models)
+    finer = _finer_checkpointing(search, chosen) if chosen is not None else []
+    for candidate in finer:
+        if candidate.fits and chosen is not None and _speed_key(candidate, workload.channels_last) < _speed_key(
+                chosen, workload.channels_last):
+            chosen = candidate
     notes = [speed.reason, *search.notes, *notes]
-    scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)]
+    scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)] + finer
     if chosen is None:
         # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
         # implementation and with every block checkpointed, before saying nothing fits
@@ -440,7 +445,7 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     precisions: list[Precision] = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
     formats = [w.channels_last] + ([True] if facts.has_conv and not w.channels_last else [])
     b_lo = 1
-    b_mid = max(d for d in divisors(eff) if d <= max(1, eff // 2))
+    b_mid = _b_mid(eff)
     structures: list[_Structure] = []
     models: dict[_Structure, _MemoryModel] = {}
     losses: list[LossImpl] = list(dict.fromkeys([w.loss_impl, *facts.loss_impls]))
@@ -463,13 +468,15 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
             if note not in search.notes:
                 search.notes.append(note)
             continue
+        if channels_last != w.channels_last and not _format_may_pay(search, base, mid, b_mid, eff):
+            continue
         fb_lo, other_lo = _phase_peaks(lo)
         fb_mid, other_mid = _phase_peaks(mid)
         span = max(b_mid - b_lo, 1)
         models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
                                     mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
         structures.append(base)
-        for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks, CHECKPOINT_SHARES):
+        for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
             for mode in list(modes):
                 s = dataclasses.replace(base, checkpoint=blocks, checkpoint_mode=mode)
                 try:
@@ -490,10 +497,51 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     return structures, models
 
 
-CHECKPOINT_SHARES = (0.5, 0.75)
-"""Partial checkpointing the plan tries besides all blocks: the fewest blocks holding half, and three quarters, of
-the activations. With half and all only, ViT-B/16 at a 4 GiB budget checkpointed all 12 blocks where 9 ran under
-the cap 10 % faster (H100 sweep: plan_sweep_h100_torch2.11_20261126_final, 0.907 of the best)."""
+FINER_CHECKPOINT_SHARE = 0.75
+"""Where the plan checkpoints more blocks than this share of the activations needs, it also tries the fewest blocks
+holding it, at the plan's own micro-batch and checkpoint mode: with half and all only, ViT-B/16 at a 4 GiB
+budget checkpointed all 12 blocks where 9 ran under the cap 10 % faster (H100 sweep:
+plan_sweep_h100_torch2.11_20261126_final, 0.907 of the best; r5: 1.000). Tried only there it costs one trace;
+as a structure of its own in every walk, 10-13 s of GPT-2's plan at 5.5 GiB."""
+
+
+def _b_mid(effective: int) -> int:
+    """The larger micro-batch the memory models are fitted at: the largest divisor up to half the batch."""
+    return max(d for d in divisors(effective) if d <= max(1, effective // 2))
+
+
+def _finer_checkpointing(search: Search, chosen: Candidate) -> list[Candidate]:
+    """The chosen configuration with the fewest blocks holding ``FINER_CHECKPOINT_SHARE`` of the activations
+    checkpointed instead, in the plan's checkpoint mode, estimated exactly; none when the chosen plan does not
+    checkpoint more blocks than that. At the same micro-batch fewer recomputed blocks can only be faster."""
+    c = chosen.config
+    base = dataclasses.replace(c, checkpoint=(), checkpoint_mode="full", expandable_segments=False,
+                               micro_batch=_b_mid(search.effective),
+                               accumulation_steps=search.effective // _b_mid(search.effective))
+    mid = search.estimates.get(base)
+    if not c.checkpoint or mid is None or search.facts is None:
+        return []
+    finer = checkpoint_choices(mid.activations_by_module, search.facts.blocks, (FINER_CHECKPOINT_SHARE,))[0]
+    if not set(finer) < set(c.checkpoint):
+        return []
+    try:
+        return [verified(search, dataclasses.replace(c, checkpoint=finer))]
+    except MemfitError:
+        return []  # these blocks cannot run in the plan's mode (a first pass would have said why)
+
+
+def _format_may_pay(search: Search, other: _Structure, estimate: Estimate, micro: int, effective: int) -> bool:
+    """Whether the memory format the workload does not use is worth its checkpointing choices: predicted
+    ``LAYOUT_CHANGE_GAIN`` faster than the workload's own format, or smaller, without checkpointing at ``micro``
+    (cuDNN's layout conversions). Otherwise the walk would never pick it (``_speed_key``), and its checkpointed
+    structures only cost traces (ViT-B/16: 12 of its 29)."""
+    own = dataclasses.replace(other, channels_last=search.workload.channels_last).config(micro, effective)
+    own_estimate = search.estimates.get(own)
+    t_own, t_other = search.step_time(own), search.step_time(other.config(micro, effective))
+    if own_estimate is None or t_own is None or t_other is None:
+        return True
+    faster = t_other * (1 + LAYOUT_CHANGE_GAIN) < t_own
+    return faster or estimate.fits_in_upper_bytes < own_estimate.fits_in_upper_bytes
 
 
 def _score(search: Search, model: _MemoryModel, config: Config) -> Candidate:

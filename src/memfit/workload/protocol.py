@@ -118,6 +118,7 @@ def run_steps(
     phase: PhaseCallback = _no_phase,
     micro_batches: int | None = None,
     replay: Callable[[int, list[Any]], bool] | None = None,
+    replay_micro: Callable[[int, list[Any]], bool] | None = None,
     settle_scaler: bool = False,
 ) -> int:
     """Run ``steps`` training steps; ``phase(name, step)`` is called as each phase begins. Returns the steps run.
@@ -127,7 +128,8 @@ def run_steps(
     micro-batches would. ``replay(step, held)``, called after ``zero_grad``, may account for the step's forward
     and backward itself (the tracer copies an earlier step's) and return True: the step then goes on to the
     optimizer. ``held`` is the list that keeps the plain loop's last output and loss alive; a replay puts in it
-    what stands for the copied step's.
+    what stands for the copied step's. ``replay_micro(step, held)``, called before each micro-batch from the third
+    on, may likewise account for that micro-batch itself (the tracer copies the second's) and return True.
 
     ``settle_scaler`` (measuring on a GPU): with fp16's GradScaler, go on past ``steps`` (at most
     ``MAX_SKIPPED_STEPS`` more) until the optimizer really stepped and a whole step ran after it. A fresh scaler's
@@ -146,7 +148,9 @@ def run_steps(
         phase("zero_grad", step)
         # set_to_none frees last step's grads before forward, keeping them out of the activation peak
         optimizer.zero_grad(set_to_none=True)
-        for _ in range(0 if replay is not None and replay(step, held) else micro):
+        for index in range(0 if replay is not None and replay(step, held) else micro):
+            if index >= 2 and replay_micro is not None and replay_micro(step, held):
+                continue
             phase("forward", step)
             ctx = torch.autocast(autocast_device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
             with ctx:
