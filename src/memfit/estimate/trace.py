@@ -832,12 +832,13 @@ def _trace(workload: Workload, gpu: GpuSpec, *, steps: int, real: bool = False, 
         _FAKE_TENSOR_LOG.removeFilter(quiet)
 
 
-TRACED_MICRO_BATCHES = 4
+TRACED_MICRO_BATCHES = 3
 """Micro-batches per step in the allocation stream. From the second on each allocates what the one before did, with
 the grads alive, but the caching allocator's blocks keep moving: a 2-D U-Net at 4 micro-batches (corpus fit entry
-c032, H100 stream) needs a 623 MB cap with two in the stream and 682 MB with four (measured: 698 MB). Four cover the
-rearrangement that was measured; later ones are taken to repeat it. Two are traced, the others copied from the
-second (``_copy_micro_batch``)."""
+c032, H100 stream) needs a 623 MB cap with two in the stream, 682 MB with three and the same with all four
+(measured: 698 MB). Later ones are taken to repeat the third. Two are traced, the third copied from the second
+(``_copy_micro_batch``): each micro-batch in the stream costs the planner's replays time (GPT-2's plan at 5.5 GiB,
+34 s with four on the 2-core CPU)."""
 
 
 def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_objects: _OldObjectsFrozen) -> Trace:

@@ -124,7 +124,7 @@ def run_steps(
     """Run ``steps`` training steps; ``phase(name, step)`` is called as each phase begins. Returns the steps run.
 
     Each step runs ``accumulation_steps`` micro-batches (``micro_batches`` overrides it: the tracer runs at most
-    four, ``memfit.estimate.trace.TRACED_MICRO_BATCHES``) on the same placed batch, as a loader that yields
+    three, ``memfit.estimate.trace.TRACED_MICRO_BATCHES``) on the same placed batch, as a loader that yields
     micro-batches would. ``replay(step, held)``, called after ``zero_grad``, may account for the step's forward
     and backward itself (the tracer copies an earlier step's) and return True: the step then goes on to the
     optimizer. ``held`` is the list that keeps the plain loop's last output and loss alive; a replay puts in it
