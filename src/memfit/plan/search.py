@@ -604,8 +604,9 @@ LAYOUT_CHANGE_GAIN = 0.02
 """How much faster the speed model must call another memory format than the workload's own before the plan
 changes it. The roofline prices convolutions' layouts, not what the layout does to the ops around them: on ViT-B/16
 (one convolution, the patch embedding) it called channels_last 0.08 % faster at a 3 GiB budget, and the step ran
-8 % slower (H100, interleaved: plan_sweep_h100_torch2.11_20261127_r5, 48.5 against 44.7 ms); on the 2-D U-Net its
-gain is far above this and was right (the same sweeps, ratio 1.000 at every budget)."""
+8 % slower (H100, interleaved: plan_sweep_h100_torch2.11_20261127_r5, 48.5 against 44.7 ms). The 2-D U-Net's
+predicted gain is far above this: its plans keep channels_last at all four budgets, the configurations its sweep
+found fastest (plan_sweep_h100_torch2.11_20261126_r2)."""
 
 
 def _speed_key(c: Candidate, channels_last: bool = False) -> tuple[float, int]:
