@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ["tests/test_plan_search.py", "tests/test_plan_speed.py", "tests/test_plan_patch.py", "tests/test_plan.py"]
-SEARCH, PREDICT = "src/memfit/plan/search.py", "src/memfit/estimate/predict.py"
+TESTS = ["tests/test_plan_search.py", "tests/test_plan_speed.py", "tests/test_plan_patch.py", "tests/test_plan.py",
+         "tests/test_trace.py"]
+SEARCH, PREDICT, TRACE = "src/memfit/plan/search.py", "src/memfit/estimate/predict.py", "src/memfit/estimate/trace.py"
 # name: (file, text, replacement)
 BUGS = {
     # (a1, the plan's default margin set to 0, is no bug since the plan decides with the upper bound alone:
@@ -35,6 +36,14 @@ BUGS = {
     "e_no_expandable_segments_retry": (
         SEARCH, "            if not search.allocator.expandable_segments and search.need_floor(c)",
         "            if False and search.need_floor(c)"),
+    # session 9's planner and tracer changes
+    "f_format_change_free": (SEARCH, "LAYOUT_CHANGE_GAIN = 0.02", "LAYOUT_CHANGE_GAIN = 0.0"),
+    "g_finer_checkpointing_never_tried": (
+        SEARCH, "    if not set(finer) < set(c.checkpoint):\n        return []",
+        "    if True:\n        return []"),
+    "h_copied_micro_batch_frees_the_old_output": (
+        TRACE, "trace.keys.append(renamed[k] if k in renamed else instead[k])",
+        "trace.keys.append(renamed[k] if k in renamed else k)"),
 }
 
 
