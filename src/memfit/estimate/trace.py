@@ -1132,21 +1132,28 @@ def _copy_micro_batch(recorder: _Recorder, step: int, held: list[Any]) -> bool:
         else:
             trace.ops.append(-1)
             trace.keys.append(renamed[k] if k in renamed else instead[k])
-    trace.phase_marks.extend([(moved[at - start], name, s) for at, name, s in list(trace.phase_marks)
+    trace.phase_marks.extend([(moved[at - start], name, s) for at, name, s in trace.phase_marks
                               if s == step and start <= at < end])
     recorder.silent = True
     try:
-        for storage in held_storages:
-            recorder.disown(storage)  # freed in the copy's events
-        stand_ins = []
-        for key in held_keys:
-            stand_in = torch.empty(trace.allocs[key].nbytes, dtype=torch.uint8)
-            recorder._own(stand_in.untyped_storage(), renamed[key])
-            stand_ins.append(stand_in)
-        held[:] = stand_ins
+        _hand_over_held(recorder, held, held_storages, [renamed[k] for k in held_keys])
     finally:
         recorder.silent = False
     return True
+
+
+def _hand_over_held(recorder: _Recorder, held: list[Any], freed: list[Any], copied_keys: list[int]) -> None:
+    """After copied events: the plain loop's held output and loss (``freed``, whose frees are in the copy) give way
+    to storages of the same sizes under the copy's keys, freed where the next forward (or the loop's end) lets go
+    of them."""
+    for storage in freed:
+        recorder.disown(storage)
+    stand_ins = []
+    for key in copied_keys:
+        stand_in = torch.empty(recorder.trace.allocs[key].nbytes, dtype=torch.uint8)
+        recorder._own(stand_in.untyped_storage(), key)
+        stand_ins.append(stand_in)
+    held[:] = stand_ins
 
 
 def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int,
@@ -1237,16 +1244,8 @@ def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimiz
                 storage = grad.untyped_storage()
                 recorder._own(storage, renamed[key])
                 params[i].grad = grad
-            # the last output and loss: their frees are in the copy already; what stands for the copied ones
-            # is freed where the next traced step (or the loop's end) lets go of it
-            for key in held_now:
-                recorder.disown(held_storages[key])
-            stand_ins = []
-            for key in held_keys:
-                stand_in = torch.empty(trace.allocs[key].nbytes, dtype=torch.uint8)
-                recorder._own(stand_in.untyped_storage(), renamed[key])
-                stand_ins.append(stand_in)
-            held[:] = stand_ins
+            # the last output and loss: their frees are in the copy already
+            _hand_over_held(recorder, held, [held_storages[k] for k in held_now], [renamed[k] for k in held_keys])
     finally:
         recorder.silent = False
     return True

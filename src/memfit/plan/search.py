@@ -514,10 +514,9 @@ def _finer_checkpointing(search: Search, chosen: Candidate) -> list[Candidate]:
     """The chosen configuration with the fewest blocks holding ``FINER_CHECKPOINT_SHARE`` of the activations
     checkpointed instead, in the plan's checkpoint mode, estimated exactly; none when the chosen plan does not
     checkpoint more blocks than that. At the same micro-batch fewer recomputed blocks can only be faster."""
-    c = chosen.config
+    c, b_mid = chosen.config, _b_mid(search.effective)
     base = dataclasses.replace(c, checkpoint=(), checkpoint_mode="full", expandable_segments=False,
-                               micro_batch=_b_mid(search.effective),
-                               accumulation_steps=search.effective // _b_mid(search.effective))
+                               micro_batch=b_mid, accumulation_steps=search.effective // b_mid)
     mid = search.estimates.get(base)
     if not c.checkpoint or mid is None or search.facts is None:
         return []
