@@ -2,15 +2,9 @@
 # One device call (memory only, side by side): the 1x1 half-precision convolution grid, the fp16 corpus entries
 # measured again with the GradScaler settled (run_steps(settle_scaler=True)), the fit-side probes' allocator
 # streams, and the GPU tests of the estimator. Run from the repository root; writes under $OUT.
-#   bash benchmarks/estimate/device_batch_d.sh          # carry .whl (timm, transformers ... for the corpus)
+#   bash benchmarks/estimate/device_batch_d.sh          # carry .whl (MONAI, smp, nnU-Net's networks: _site.sh)
 set -u
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
-export PYTHONUNBUFFERED=1
+. benchmarks/estimate/_site.sh
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
 python3 -c "import torch; print(torch.__version__, torch.backends.cudnn.version())" >> "$OUT/card.txt"
 FP16=c004_tv_cls,c005_tv_cls,c006_tv_cls,c021_timm_cls,c023_tv_seg,c024_tv_seg,c035_unet,c039_unet,c040_hf_lm,\

@@ -4,13 +4,7 @@
 #   bash benchmarks/estimate/gpu_session.sh 330     # seconds for the corpus
 set -u
 corpus_s=${1:-330}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
-export PYTHONUNBUFFERED=1
+. benchmarks/estimate/_site.sh
 done_dir=$(ls -d benchmarks/results/estimate/corpus_measurements_*_torch*_* 2>/dev/null | tail -1)
 python3 benchmarks/corpus/measure_corpus.py --out /tmp/corpus ${done_dir:+--done $done_dir} --budget-s "$corpus_s" \
   --concurrency 10 > "$OUT/corpus.log" 2>&1
