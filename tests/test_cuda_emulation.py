@@ -211,3 +211,31 @@ def test_pointwise_half_convolutions_take_what_cudnn_took():
     assert len(strided) > 200 and max(strided) <= 8 * MiB and min(strided) >= -8 * MiB
     assert len(filter_grads) > 600 and max(filter_grads) <= 18 * MiB
     assert sum(d > MiB for d in filter_grads) <= 12
+
+
+class _ConvDtypes(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution.default:
+            self.seen.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("half_in_fp32", [False, True])
+def test_a_real_forwards_fp16_ops_compute_in_fp32_and_keep_fp16_results(half_in_fp32):
+    # the real CPU forward that sizes a detector's outputs (trace._real_forward) computes fp16 convolutions in fp32:
+    # same dtypes and nearly the same values as CUDA's fp16 kernels, at CPU fp32 speed; a traced step never does
+    conv = torch.nn.Conv2d(4, 8, 3)
+    x = torch.randn(2, 4, 9, 9)
+    with CudaSemantics(half_in_fp32=half_in_fp32), torch.autocast("cpu", dtype=torch.float16), _ConvDtypes() as seen:
+        y = conv(x)
+    assert y.dtype == torch.float16
+    assert seen.seen == [torch.float32 if half_in_fp32 else torch.float16]
+    reference = torch.nn.functional.conv2d(x.half().float(), conv.weight.half().float(), conv.bias.half().float())
+    torch.testing.assert_close(y.float(), reference.half().float(), rtol=2e-3, atol=2e-3)
+    with CudaSemantics(half_in_fp32=half_in_fp32), torch.autocast("cpu", dtype=torch.bfloat16), _ConvDtypes() as seen:
+        assert conv(x).dtype == torch.bfloat16
+    assert seen.seen == [torch.bfloat16]  # bf16 is fast on the CPU: computed as it is

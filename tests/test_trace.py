@@ -62,6 +62,16 @@ def test_bf16_autocast_caches_one_weight_copy_and_saves_bf16_activations():
     assert mm and all(a.dtype == "bfloat16" for a in mm)
 
 
+def test_fp16_autocast_traces_fp16_kernels_without_fp32_copies():
+    # a traced step allocates what CUDA's fp16 kernels do; only the real CPU forward that sizes a detector's
+    # outputs computes them in fp32 (CudaSemantics.half_in_fp32), whose copies must never reach a trace
+    trace = trace_workload(_linear_workload("fp16"), GPU, steps=1)
+    forward = [a for a in trace.allocs if a.phase == "forward"]
+    casts = sorted(a.nbytes for a in forward if a.op == "_to_copy")
+    assert casts == [MiB // 2, 2 * MiB]  # the weight and the input, each once, in fp16
+    assert all(a.dtype == "float16" for a in forward if a.op in ("mm", "_to_copy"))
+
+
 def test_dropout_keeps_a_one_byte_mask_like_cuda():
     w = _linear_workload(model=lambda: torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Dropout(0.5)))
     trace = trace_workload(w, GPU, steps=1)

@@ -156,7 +156,19 @@ def _cast_arguments(cast: Callable[[torch.Tensor], torch.Tensor], args: tuple[An
     return tuple(positional), {k: casted[k] for k in kwargs}
 
 
-def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Callable[..., Any]:
+def _half_in_fp32(op: tp.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``op`` on fp16 arguments, computed in fp32 and rounded back to fp16: the same dtypes and shapes as CUDA's
+    fp16 kernels (which accumulate in fp32 too), at CPU fp32 speed. torch 2.14's CPU fp16 convolution ran 190x
+    slower than fp32 on this project's 2-core AVX-512 machine (a 2 × 64 × 128² 3×3 conv: 2.9 s against 16 ms)."""
+    def up(t: torch.Tensor) -> torch.Tensor:
+        return t.float() if t.dtype == torch.float16 else t
+
+    out = op(*_map_tensors(up, args), **{k: _map_tensors(up, v) for k, v in kwargs.items()})
+    return _map_tensors(lambda t: t.half() if t.dtype == torch.float32 else t, out)
+
+
+def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache,
+                     semantics: CudaSemantics | None = None) -> Callable[..., Any]:
     arg_names = tp.op_argument_names(op)
     dtype_pos = arg_names.index("dtype") if "dtype" in arg_names else None
 
@@ -166,6 +178,8 @@ def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache) -> Calla
             if policy == LOWER:
                 cast = functools.partial(cache.cast, dtype=lower, lower=lower)
                 args, kwargs = _cast_arguments(cast, args, kwargs, arg_names)
+                if lower == torch.float16 and semantics is not None and semantics.half_in_fp32:
+                    return _half_in_fp32(op, args, kwargs)
             elif policy == FP32:
                 cast = functools.partial(cache.cast, dtype=torch.float32, lower=lower)
                 args, kwargs = _cast_arguments(cast, args, kwargs, arg_names)
@@ -308,7 +322,10 @@ class CudaSemantics:
         ...     y = torch.nn.functional.dropout(torch.ones(4), 0.5)
     """
 
-    def __init__(self, gpu: GpuSpec | None = None) -> None:
+    def __init__(self, gpu: GpuSpec | None = None, *, half_in_fp32: bool = False) -> None:
+        self.half_in_fp32 = half_in_fp32
+        """Autocast's fp16 ops compute in fp32 and round to fp16: for real CPU tensors whose values alone matter
+        (a real forward that sizes data-dependent outputs), never for a traced step (the casts would allocate)."""
         self.cache = _CastCache()
         self.rnn = RNNEmulation(gpu)
         self._override = tp.override_library("aten")
@@ -321,7 +338,7 @@ class CudaSemantics:
         for name, kind in policy.items():
             op = _overload(name)
             if op is not None:
-                lib.impl(name, _autocast_kernel(op, kind, self.cache), "AutocastCPU")
+                lib.impl(name, _autocast_kernel(op, kind, self.cache, self), "AutocastCPU")
         lib.impl("binary_cross_entropy", _banned_bce, "AutocastCPU")
         # CPU-only autocast kernels (max_pool3d, cross_entropy_loss in fp32, ...) must not fire: fall through,
         # so composites decompose and their parts get CUDA's policy.

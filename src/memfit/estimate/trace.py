@@ -857,8 +857,10 @@ def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_ob
     ]
     # each selective recompute hands back the outputs its forward kept, unseen by the recorder: count them
     selective_regions.on_recompute = recorder.costs.kept_outputs
+    # the real forward that sizes a detector's outputs keeps only values and sizes: its fp16 ops may compute in fp32
+    semantics = CudaSemantics(recorder.gpu, half_in_fp32=real and recorder.real_forward is not None)
     try:
-        with fake_mode, recorder, CudaSemantics(recorder.gpu):
+        with fake_mode, recorder, semantics:
             try:
                 with user_device_calls():  # Net().cuda(), .to(device), device="cuda" in the factories
                     model, optimizer, batch = build(
