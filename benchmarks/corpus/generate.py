@@ -239,31 +239,59 @@ def _shrink(entry: dict[str, Any]) -> None:
             break
 
 
+def _entry(rng: random.Random, family: str) -> dict[str, Any]:
+    """One configuration of ``family``: its parameters, precision, optimizer, batch, loop and accumulation."""
+    params, batches, text = _params(rng, family)
+    precision = rng.choice(["fp32", "bf16", "bf16", "fp16"])
+    if family == "sparse_embedding":
+        precision = "fp32"  # SparseAdam and sparse SGD with GradScaler is not a recipe anyone uses
+    entry = {
+        "family": family, "params": params, "precision": precision,
+        "optimizer": _optimizer(rng, family), "batch_size": rng.choice(batches),
+        "keep_output": rng.random() < 0.5,
+        "accumulation_steps": rng.choice([1] * 8 + [2, 4]),
+    }
+    if entry["optimizer"]["name"] == "SparseAdam":
+        params["dense_head"] = False  # SparseAdam takes sparse grads only
+    _shrink(entry)
+    entry["description"] = (f"{text}, {precision}, {entry['optimizer']['name']} "
+                            f"({entry['optimizer']['impl']}), batch {entry['batch_size']}, "
+                            f"{'keeps' if entry['keep_output'] else 'drops'} the output"
+                            + (f", {entry['accumulation_steps']} micro-batches"
+                               if entry["accumulation_steps"] > 1 else ""))
+    entry["rough_peak_gib"] = round(rough_peak_bytes(entry) / 2**30, 2)
+    return entry
+
+
+SUPPLEMENT_SEED = 1327
+"""Seed of the fit-side supplements (``draw_supplement``), drawn on 2026-11-27 after the validation half had judged
+the estimator: more entries of the families whose validation entries were farthest off, all on the fit side."""
+
+
+def draw_supplement(family: str, count: int, *, precision: str | None = None,
+                    seed: int = SUPPLEMENT_SEED) -> list[dict[str, Any]]:
+    """``count`` more *fit* entries of ``family``, drawn as the corpus draws them (with ``precision`` only, if
+    given: the draws of other precisions are skipped), ids ``s<seed>_<family>_<nn>``.
+
+    The validation half tunes nothing, so where it finds the estimator off, the rule is studied on entries like
+    these: same generator, other draws (``benchmarks/estimate/probe_cases.py`` measures them with their streams).
+    """
+    rng = random.Random(f"{seed}:{family}:{precision}")
+    found: list[dict[str, Any]] = []
+    while len(found) < count:
+        entry = _entry(rng, family)
+        if precision is None or entry["precision"] == precision:
+            entry.update(id=f"s{seed}_{family}_{len(found):02d}", split="fit")
+            found.append(entry)
+    return found
+
+
 def draw() -> dict[str, Any]:
     rng = random.Random(SEED)
     entries: list[dict[str, Any]] = []
     for family, count in QUOTAS.items():
         for _ in range(count):
-            params, batches, text = _params(rng, family)
-            precision = rng.choice(["fp32", "bf16", "bf16", "fp16"])
-            if family == "sparse_embedding":
-                precision = "fp32"  # SparseAdam and sparse SGD with GradScaler is not a recipe anyone uses
-            entry = {
-                "family": family, "params": params, "precision": precision,
-                "optimizer": _optimizer(rng, family), "batch_size": rng.choice(batches),
-                "keep_output": rng.random() < 0.5,
-                "accumulation_steps": rng.choice([1] * 8 + [2, 4]),
-            }
-            if entry["optimizer"]["name"] == "SparseAdam":
-                params["dense_head"] = False  # SparseAdam takes sparse grads only
-            _shrink(entry)
-            entry["description"] = (f"{text}, {precision}, {entry['optimizer']['name']} "
-                                    f"({entry['optimizer']['impl']}), batch {entry['batch_size']}, "
-                                    f"{'keeps' if entry['keep_output'] else 'drops'} the output"
-                                    + (f", {entry['accumulation_steps']} micro-batches"
-                                       if entry["accumulation_steps"] > 1 else ""))
-            entry["rough_peak_gib"] = round(rough_peak_bytes(entry) / 2**30, 2)
-            entries.append(entry)
+            entries.append(_entry(rng, family))
     # split: per family, shuffled, alternating, so both halves hold every family
     by_family: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
