@@ -9,6 +9,7 @@ autocast (the output dtype says what autocast ran), dropout between layers and t
     PYTHONPATH=$PWD/src python benchmarks/estimate/rnn_allocations.py            # GPU, about 3 minutes; -> $OUT
     python benchmarks/estimate/rnn_allocations.py --quick                        # list the grid, no GPU needed
     PYTHONPATH=$PWD/src python benchmarks/estimate/rnn_allocations.py --long     # beyond that range, ~1 minute
+    PYTHONPATH=$PWD/src python benchmarks/estimate/rnn_allocations.py --dropout  # one-direction dropout, ~1 minute
 
 Writes ``rnn_allocations_<card>_torch<X.Y>_<yyyymmdd>.json``: per case its shape, the output's dtype and strides,
 and the ``[action, bytes]`` events of forward and of backward (alloc / free_completed, in order).
@@ -80,6 +81,28 @@ def long_grid(quick: bool) -> list[dict]:
     return cases[:12] if quick else cases
 
 
+def dropout_grid(quick: bool) -> list[dict]:
+    """Where the fit-side supplement (probe_cases.py, s1327_rnn_*) found the workspace rule 10-17 % under: dropout
+    between the layers of one-direction RNNs (the main grid has dropout only with two directions), inputs narrower
+    than 80, and bf16 at small hidden sizes (where the algorithm may be the persistent small-H one)."""
+    cases = []
+    shapes = [(64, 32), (256, 16), (128, 128)]  # (T, N)
+    for mode, layers, directions, hidden, narrow, (seq, batch), precision in itertools.product(
+            ("LSTM", "GRU"), (2, 3), (1, 2), (256, 1024), (False, True), shapes, ("fp32", "autocast_bf16")):
+        cases.append(dict(mode=mode, hidden=hidden, input_size=40 if narrow else hidden, layers=layers,
+                          directions=directions, seq=seq, batch=batch, precision=precision, dropout=0.1))
+    for mode, layers, hidden, (seq, batch), precision in itertools.product(
+            ("LSTM", "GRU"), (2, 3), (256, 1024), shapes, ("fp32", "autocast_bf16")):
+        cases.append(dict(mode=mode, hidden=hidden, input_size=40, layers=layers, directions=1, seq=seq,
+                          batch=batch, precision=precision, dropout=0.0))
+    for mode, hidden, layers, (seq, batch), precision in itertools.product(
+            ("LSTM", "GRU"), (96, 128, 160, 192), (1, 2), shapes[::2], ("autocast_bf16", "fp16")):
+        cases.append(dict(mode=mode, hidden=hidden, input_size=hidden, layers=layers, directions=1, seq=seq,
+                          batch=batch, precision=precision, dropout=0.0))
+    random.Random(0).shuffle(cases)
+    return cases[:12] if quick else cases
+
+
 _MARK_BYTES = 1536 + 7  # an odd size nothing else asks for: marks where a phase starts in the ring buffer
 
 
@@ -125,8 +148,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="list the grid (and run 12 cases if a GPU is there)")
     parser.add_argument("--budget-s", type=float, default=210.0, help="stop starting new cases after this long")
     parser.add_argument("--long", action="store_true", help="the grid beyond the main one's range (long_grid)")
+    parser.add_argument("--dropout", action="store_true", help="one-direction dropout, narrow inputs, bf16 small H")
     args = parser.parse_args()
-    cases = long_grid(args.quick) if args.long else grid(args.quick)
+    cases = (long_grid(args.quick) if args.long else dropout_grid(args.quick) if args.dropout
+             else grid(args.quick))
     print(f"{len(cases)} cases")
     if not torch.cuda.is_available():
         print("no GPU: nothing measured")
@@ -150,7 +175,7 @@ def main() -> None:
     result = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(),
               "cases_planned": len(cases), "elapsed_s": round(time.perf_counter() - started, 1), "rows": rows}
-    name = "rnn_allocations_long" if args.long else "rnn_allocations"
+    name = "rnn_allocations_long" if args.long else "rnn_allocations_dropout" if args.dropout else "rnn_allocations"
     path = Path(args.out) / f"{stem(name, card(props.name), torch.__version__)}.json"
     path.write_text(json.dumps(result))
     print(f"{len(rows)} of {len(cases)} cases -> {path}")
