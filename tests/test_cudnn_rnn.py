@@ -1,9 +1,9 @@
 import gzip
 import json
-from collections import Counter
 import sys
 import tarfile
 import weakref
+from collections import Counter
 from pathlib import Path
 
 import pytest
