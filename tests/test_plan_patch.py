@@ -32,9 +32,9 @@ def rungs() -> tuple[list[tuple[int, ...]], list[int], Search]:
     """The ladder and the exact need (device_upper_bytes, the number "fits" is decided with) of every rung."""
     ladder = patch_ladder(START, MULTIPLE)
     search = Search(workload(), gpu_spec(None), ALLOCATOR, 1 << 62, BATCH, None, False)
-    needs = [search.estimate(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32",
-                                    patch_size=r)).device_upper_bytes for r in ladder]
-    return ladder, needs, search
+    estimates = [search.estimate(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32", patch_size=r))
+                 for r in ladder]
+    return ladder, [e.device_upper_bytes for e in estimates], search
 
 
 def test_the_ladder_shrinks_every_rung_inside_the_one_above():
@@ -73,3 +73,22 @@ def test_no_patch_fits_after_the_smallest_was_estimated(rungs):  # noqa: ANN001
     with pytest.raises(BudgetTooSmallError, match="no patch fits"):
         plan_patch(workload(), budget_bytes=math.ceil((needs[-1] - 1) / (1 - DEFAULT_MARGIN)) - 1,
                    allocator=ALLOCATOR)
+
+
+def test_a_larger_rung_ruled_out_only_by_the_bounds_margin_is_named(rungs):  # noqa: ANN001
+    # "fits" is decided with the upper bound; a budget between a rung's best estimate and its bound picks the rung
+    # below and says the larger one may fit
+    ladder, needs, search = rungs
+    best = [search.estimate(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32",
+                                   patch_size=r)).device_bytes for r in ladder]
+    # the first rung whose bound's margin is wider than the step to the rung below it
+    k = next(i for i in range(len(ladder) - 1) if needs[i + 1] < (best[i] + needs[i]) // 2)
+    limit = (best[k] + needs[k]) // 2
+    assert best[k] < limit < needs[k]
+    p = plan_patch(workload(), budget_bytes=math.ceil(limit / (1 - DEFAULT_MARGIN)), allocator=ALLOCATOR)
+    assert p.chosen.config.patch_size == ladder[k + 1]
+    named = [n for n in p.notes if "may fit too" in n]
+    assert len(named) == 1 and "×".join(map(str, ladder[k])) in named[0]
+    # with the budget at the bound's need the larger rung is chosen, and nothing is said
+    p = plan_patch(workload(), budget_bytes=math.ceil(needs[k] / (1 - DEFAULT_MARGIN)), allocator=ALLOCATOR)
+    assert p.chosen.config.patch_size == ladder[k] and not any("may fit too" in n for n in p.notes)

@@ -115,12 +115,21 @@ def plan_patch(
             f"{format_bytes(smallest.device_upper_bytes)}. Try a smaller batch (min_batch), a larger GPU or "
             "bf16/fp16."
         )
+    notes = [speed.reason, f"largest patch on the ladder from {'×'.join(map(str, workload.patch_size))} that fits "
+             f"at batch {batch}"]
+    k = ladder.index(tuple(chosen.config.patch_size or ()))
+    above = known.get(k - 1)
+    if above is not None and above.device_bytes <= limit:
+        # "fits" is decided with the upper bound; where only its margin rules the next rung out, say so
+        notes.append(
+            f"the next larger patch, {'×'.join(map(str, ladder[k - 1]))}, may fit too: its best estimate "
+            f"needs {format_bytes(above.device_bytes)} of the {format_bytes(limit)} allowed, its upper bound "
+            f"{format_bytes(above.device_upper_bytes)}; `memfit measure` on the GPU settles it")
     return Plan(
         workload=workload.name, gpu=spec.name, budget_bytes=budget_bytes, margin=margin, effective_batch=batch,
         chosen=chosen, frontier=scored, considered=len(scored), estimates=search.runs,
         speed_model=speed.name,
-        notes=[speed.reason, f"largest patch on the ladder from {'×'.join(map(str, workload.patch_size))} that fits at batch "
-               f"{batch}"],
+        notes=notes,
         elapsed_s=time.perf_counter() - started,
     )
 
