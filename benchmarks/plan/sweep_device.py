@@ -322,6 +322,41 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
             "rows": list(rows.values()), "budgets": budgets, "sweep_s": time.perf_counter() - started}
 
 
+def retime_stage(args: argparse.Namespace) -> None:
+    """Each budget's plan and the finalists a sweep timed beside it, timed again in more interleaved rounds and
+    several repeats, each repeat building the models anew: how far apart the plan and the best really are, and how
+    much one repeat moves (a sweep's single ``ratio`` came from 8 rounds)."""
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.cuda.init()
+    for name in args.workloads.split(","):
+        swept = json.loads((Path(args.sweep) / f"plan_sweep_{name}.json").read_text())
+        w = _workload(name)
+        budgets = []
+        for b in swept["budgets"]:
+            if "finalists" not in b:
+                continue
+            configs = [f["config"] for f in b["finalists"]]  # the plan first
+            repeats = [_interleaved(w, configs, args.rounds) for _ in range(args.repeats)]
+            ratios = [min(steps) / steps[0] for steps in repeats]
+            medians = [statistics.median(r[i] for r in repeats) for i in range(len(configs))]
+            row = {"budget_bytes": b["budget_bytes"], "sweep_ratio": b["ratio"],
+                   "finalists": [{"config": c, "step_s": [r[i] for r in repeats], "median_step_s": m}
+                                 for i, (c, m) in enumerate(zip(configs, medians, strict=True))],
+                   "ratio_per_repeat": ratios, "ratio_of_medians": min(medians) / medians[0]}
+            budgets.append(row)
+            print(f"{name} {b['budget_bytes'] / 2**30:.2f} GiB: sweep ratio {b['ratio']:.3f}; {args.repeats} repeats "
+                  f"x {args.rounds} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; of medians "
+                  f"{row['ratio_of_medians']:.3f} (plan {medians[0] * 1e3:.1f} ms, "
+                  f"best {min(medians) * 1e3:.1f} ms)", flush=True)
+        (out / f"plan_retime_{name}.json").write_text(json.dumps(
+            {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+             "date": dt.date.today().isoformat(), "sweep": str(args.sweep), "rounds": args.rounds,
+             "repeats": args.repeats, "budgets": budgets}, indent=1))
+
+
 def _load_plans(args: argparse.Namespace, name: str) -> dict | None:
     if not args.plans:
         return None
@@ -400,6 +435,13 @@ def main() -> None:
     v.add_argument("--plans", required=True, help="the plan stage's folder")
     v.add_argument("--workloads", default=",".join(WORKLOADS))
     v.set_defaults(func=verify_stage)
+    r = sub.add_parser("retime", help="on the GPU: a sweep's plans and finalists timed again, longer")
+    r.add_argument("--out", required=True)
+    r.add_argument("--sweep", required=True, help="a sweep stage's output folder (plan_sweep_<workload>.json)")
+    r.add_argument("--workloads", default="vit_b16")
+    r.add_argument("--rounds", type=int, default=60)
+    r.add_argument("--repeats", type=int, default=3)
+    r.set_defaults(func=retime_stage)
     args = parser.parse_args()
     args.func(args)
 
