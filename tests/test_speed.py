@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memfit import Workload
 from memfit.estimate.gpus import gpu_spec
+from memfit.estimate.op_costs import OpCost
 from memfit.estimate.predict import estimate
 from memfit.estimate.trace import trace_workload
 from memfit.speed import step_time as speed
@@ -190,6 +191,37 @@ def test_tensor_cores_make_bf16_and_tf32_faster_than_fp32_when_gpu_bound():
     t_tf32 = predict_step_time(fp32, GPU, matmul_tf32=True).micro_batch_s
     t_bf16 = predict_step_time(bf16, GPU).micro_batch_s
     assert t_fp32 > t_tf32 > t_bf16
+
+
+def _with_host_only_optimizer(cost: StepCost, dispatches: int) -> StepCost:
+    # an optimizer step that is all CPU (Python and launches, no GPU work): torchao's 8-bit update per parameter
+    return dataclasses.replace(cost, optimizer=speed.PhaseCost.of([OpCost(0, None, 0, 0, dispatches)]))
+
+
+def test_a_cpu_bound_optimizer_step_runs_while_the_gpu_finishes_backward():
+    p = ROOFLINE.optimizer_dispatch_s
+    gpu_bound = _mlp_cost(1024)  # backward's kernels outlast their launches: the GPU has a backlog when it returns
+    short, long1, long2 = (_with_host_only_optimizer(gpu_bound, d) for d in (1, 100_000, 200_000))
+    # a short step hides entirely behind the backlog; a long one adds its CPU time less the backlog
+    assert predict_step_time(short, GPU).optimizer_s == 0.0
+    t1, t2 = predict_step_time(long1, GPU).optimizer_s, predict_step_time(long2, GPU).optimizer_s
+    assert 0 < t1 < 100_000 * p and t2 - t1 == pytest.approx(100_000 * p)
+    # calibration times the optimizer apart (after a sync): no overlap there
+    phases = {n: speed._rows(getattr(long1, n), GPU, False, True) for n in ("forward", "backward", "optimizer")}
+    apart = speed._predict(long1, phases, ROOFLINE, GPU.name, 1, "roofline", overlap_optimizer=False)
+    assert apart.optimizer_s == pytest.approx(100_000 * p)
+    # a CPU-bound backward leaves no backlog: nothing is hidden
+    cpu_bound = _with_host_only_optimizer(_mlp_cost(1), 1000)
+    assert predict_step_time(cpu_bound, GPU).optimizer_s == pytest.approx(1000 * p)
+
+
+def test_an_offloaded_optimizer_pays_per_parameter_on_the_host(monkeypatch: pytest.MonkeyPatch):
+    cost = dataclasses.replace(_mlp_cost(64), host_update_bytes=7 << 20, offload_tensors=3)
+    assert StepCost.from_dict(json.loads(json.dumps(cost.to_dict()))).offload_tensors == 3
+    monkeypatch.setattr(speed, "OFFLOAD_S_PER_TENSOR", 0.0)
+    base = predict_step_time(cost, GPU).host_s
+    monkeypatch.setattr(speed, "OFFLOAD_S_PER_TENSOR", 2e-3)
+    assert predict_step_time(cost, GPU).host_s == pytest.approx(base + 3 * 2e-3)
 
 
 # ------------------------------------------------------------------------------------------------ calibration

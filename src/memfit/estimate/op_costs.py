@@ -265,6 +265,8 @@ class StepCost(JsonRecord):
     """An offloaded optimizer's parameter copies back to the GPU, per step."""
     host_update_bytes: int = 0
     """Bytes an offloaded optimizer's host update streams through host memory, per step."""
+    offload_tensors: int = 0
+    """Parameters an offloaded optimizer updates on the host, each with its own optimizer step and copies."""
 
     @property
     def schema(self) -> int:
@@ -301,6 +303,7 @@ class StepCost(JsonRecord):
             optimizer=PhaseCost.of(optimizer), traced_step=step,
             offload_d2h_bytes=offload.d2h_bytes if offload else 0, offload_h2d_bytes=offload.h2d_bytes if offload else 0,
             host_update_bytes=offload.host_update_bytes if offload else 0,
+            offload_tensors=offload.tensors if offload else 0,
         )
 
     @classmethod
@@ -309,7 +312,8 @@ class StepCost(JsonRecord):
             micro_batch_size=d["micro_batch_size"], traced_step=d.get("traced_step", 1),
             forward=PhaseCost.from_dict(d["forward"]), backward=PhaseCost.from_dict(d["backward"]),
             optimizer=PhaseCost.from_dict(d["optimizer"]),
-            **{k: int(d.get(k, 0)) for k in ("offload_d2h_bytes", "offload_h2d_bytes", "host_update_bytes")},
+            **{k: int(d.get(k, 0)) for k in ("offload_d2h_bytes", "offload_h2d_bytes", "host_update_bytes",
+                                              "offload_tensors")},
         )
 
 

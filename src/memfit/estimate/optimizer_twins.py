@@ -43,10 +43,12 @@ code inductor generated for ``single_param_adam`` on the CPU (torch 2.13, torcha
 benchmarks/results/plan/adamw8bit_inductor_cpu_torch2.13_20261126.txt). A Triton kernel may keep them in
 registers (a persistent reduction over each 256-element block) and need none: the rule is the larger of the two,
 and ``benchmarks/plan/optimizer_state_device.py`` records what the GPU's code allocates."""
-COMPILED_CALL_DISPATCHES = 4
-"""CPU dispatches one call of a ``torch.compile``'d function costs (dynamo's guards, the AOT wrapper, the launch),
-in units of ``SpeedParams.optimizer_dispatch_s``. Placeholder: compiled-function calls cost tens of microseconds
-of Python; ``benchmarks/plan/optimizer_state_device.py`` times the real step."""
+COMPILED_CALL_DISPATCHES = 40
+"""CPU dispatches one call of a ``torch.compile``'d 8-bit update costs (dynamo's guards, the AOT wrapper, the
+launches), in units of ``SpeedParams.optimizer_dispatch_s`` (8 us): about 0.33 ms. Fitted on GPT-2 alone (40.6:
+torchao's AdamW8bit added 45.0 ms to its 42.8 ms bf16 step on an H200, 50 compiled calls), judged on the 2-D U-Net
+(benchmarks/plan/optimizer_state_fit.py -> benchmarks/results/plan/optimizer_state_h200_torch2.11_20261127_fit.json;
+was 4, a placeholder, which predicted GPT-2's 8-bit step 6 % slower than full instead of 105 %)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class OffloadTraffic:
     """Parameters copied back after the host update, per optimizer step."""
     host_update_bytes: int
     """Bytes the host's Adam streams per step: parameter, gradient and two moments read, three written."""
+    tensors: int = 0
+    """Parameters offloaded: torchao steps one host optimizer per parameter, with a copy and a wait each."""
 
 
 def stand_in(optimizer: torch.optim.Optimizer, state: str, recorder: Any) -> torch.optim.Optimizer:
@@ -146,7 +150,8 @@ class OffloadedAdam(torch.optim.Optimizer):
         grad_bytes = sum(p.numel() * p.element_size() for p in self.offloaded)
         recorder.trace.offload = OffloadTraffic(
             d2h_bytes=grad_bytes, h2d_bytes=grad_bytes,
-            host_update_bytes=sum(7 * p.numel() * p.element_size() for p in self.offloaded))
+            host_update_bytes=sum(7 * p.numel() * p.element_size() for p in self.offloaded),
+            tensors=len(self.offloaded))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]

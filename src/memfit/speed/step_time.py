@@ -122,6 +122,13 @@ element: parameter, gradient and two moments read, three written), for an offloa
 ``benchmarks/plan/optimizer_state_cpu.py``; another run the same day gave 13.99e9); a GPU server's host has more
 cores and memory channels, so this is on the slow side. ``benchmarks/plan/optimizer_state_device.py`` measures the device's host."""
 
+OFFLOAD_S_PER_TENSOR = 3.0e-3
+"""Host seconds per offloaded parameter beyond its bytes: torchao's ``CPUOffloadOptimizer`` steps one host optimizer
+per parameter, each waiting on its gradient's copy. Fitted on GPT-2 alone (3.015 ms: the offloaded step added
+354.5 ms to its 42.8 ms bf16 step on an H200, 50 offloaded parameters), judged on the 2-D U-Net: it added 128.0 ms,
+predicted 114.1 (was 50.8 without this cost) (benchmarks/plan/optimizer_state_fit.py ->
+benchmarks/results/plan/optimizer_state_h200_torch2.11_20261127_fit.json)."""
+
 _EFFICIENCIES = ("compute_efficiency", "memory_efficiency")
 ROOFLINE = SpeedParams()
 FITTED = ("compute_efficiency", "memory_efficiency", "kernel_s", "forward_dispatch_s", "backward_dispatch_s",
@@ -146,6 +153,7 @@ class SpeedPrediction(JsonRecord):
     forward_s: float
     backward_s: float
     optimizer_s: float
+    """What the optimizer step adds after the last backward: its CPU work overlaps backward's last GPU kernels."""
     recompute_s: float
     """GPU time of the checkpointed modules' second forward, inside ``backward_s``."""
     gpu_busy_s: float
@@ -204,9 +212,14 @@ def _rows(phase: PhaseCost, gpu: GpuSpec, matmul_tf32: bool, conv_tf32: bool) ->
     )
 
 
-def _simulate(rows: _Rows, p: SpeedParams, dispatch_s: float) -> tuple[float, float, float, float]:
-    """(wall time, GPU busy time, CPU time, recompute GPU time) of one phase, from an idle GPU."""
-    cpu = gpu = busy = cpu_total = recompute = 0.0
+def _simulate(rows: _Rows, p: SpeedParams, dispatch_s: float, backlog_s: float = 0.0
+              ) -> tuple[float, float, float, float, float]:
+    """(wall time, GPU busy time, CPU time, recompute GPU time, backlog) of one phase, from an idle GPU or, with
+    ``backlog_s``, from a GPU still running the previous phase's kernels for that long (the wall time then counts
+    from when the CPU starts this phase, less that backlog: what the phase adds). The backlog returned is how long
+    the GPU still runs this phase's kernels after the CPU launched the last one (0 when CPU-bound)."""
+    cpu = busy = cpu_total = recompute = 0.0
+    gpu = backlog_s
     ce, me, ks, ls = p.compute_efficiency, p.memory_efficiency, p.kernel_s, p.launch_s
     rec_s, reent_s, sel_s = p.recompute_dispatch_s, p.reentrant_recompute_dispatch_s, p.selective_dispatch_s
     for c, m, k, d, sync, rec, sel, reent in zip(
@@ -226,7 +239,7 @@ def _simulate(rows: _Rows, p: SpeedParams, dispatch_s: float) -> tuple[float, fl
             recompute += t_gpu
         if sync:
             cpu = gpu
-    return max(cpu, gpu), busy, cpu_total, recompute
+    return max(cpu, gpu) - backlog_s, busy, cpu_total, recompute, max(0.0, gpu - cpu)
 
 
 def predict_step_time(
@@ -269,10 +282,16 @@ def predict_step_time(
 
 
 def _predict(cost: StepCost, phases: dict[str, _Rows], p: SpeedParams, gpu: str, accumulation: int,
-             model: Literal["roofline", "calibrated"], gpu_link_gbs: float = 0.0) -> SpeedPrediction:
-    fwd, fwd_busy, fwd_cpu, _ = _simulate(phases["forward"], p, p.forward_dispatch_s)
-    bwd, bwd_busy, bwd_cpu, recompute = _simulate(phases["backward"], p, p.backward_dispatch_s)
-    opt, _, _, _ = _simulate(phases["optimizer"], p, p.optimizer_dispatch_s)
+             model: Literal["roofline", "calibrated"], gpu_link_gbs: float = 0.0, *,
+             overlap_optimizer: bool = True) -> SpeedPrediction:
+    fwd, fwd_busy, fwd_cpu, _, _ = _simulate(phases["forward"], p, p.forward_dispatch_s)
+    bwd, bwd_busy, bwd_cpu, recompute, backlog = _simulate(phases["backward"], p, p.backward_dispatch_s)
+    # loss.backward() returns once its kernels are launched: the optimizer's Python and launches run while the GPU
+    # finishes backward. A GPU-bound backward hides a CPU-bound optimizer step (torchao's 8-bit AdamW, one compiled
+    # call per parameter, added 0.2 ms to a 2-D U-Net's fp32 step and 45 ms to GPT-2's bf16 one on an H200:
+    # benchmarks/results/plan/optimizer_state_h200_torch2.11_20261127.json). Calibration times the phases apart.
+    opt, _, _, _, _ = _simulate(phases["optimizer"], p, p.optimizer_dispatch_s,
+                                backlog if overlap_optimizer else 0.0)
     d2h_wait, host = _offload_s(cost, gpu_link_gbs, bwd)
     micro = fwd + bwd + d2h_wait
     opt += host
@@ -301,7 +320,8 @@ def _offload_s(cost: StepCost, link_gbs: float, backward_s: float) -> tuple[floa
                          "an offloaded optimizer's speed.")
     link = link_gbs * 1e9
     d2h = max(0.0, cost.offload_d2h_bytes / link - backward_s)
-    return d2h, cost.host_update_bytes / HOST_ADAM_BYTES_PER_S + cost.offload_h2d_bytes / link
+    host = cost.host_update_bytes / HOST_ADAM_BYTES_PER_S + cost.offload_tensors * OFFLOAD_S_PER_TENSOR
+    return d2h, host + cost.offload_h2d_bytes / link
 
 
 # ------------------------------------------------------------------------------------------------ calibration
@@ -381,7 +401,8 @@ def fit_calibration(
     def residuals(p: SpeedParams) -> list[float]:
         out = []
         for phases, s in prepared:
-            pred = _predict(s.cost, phases, p, spec.name, 1, "calibrated", spec.host_link_gbs)
+            pred = _predict(s.cost, phases, p, spec.name, 1, "calibrated", spec.host_link_gbs,
+                            overlap_optimizer=False)
             for predicted, measured in ((pred.forward_s, s.forward_s), (pred.backward_s, s.backward_s),
                                         (pred.optimizer_s, s.optimizer_s)):
                 out.append(math.log(predicted / measured))
