@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -268,20 +269,20 @@ SUPPLEMENT_SEED = 1327
 the estimator: more entries of the families whose validation entries were farthest off, all on the fit side."""
 
 
-def draw_supplement(family: str, count: int, *, precision: str | None = None,
-                    seed: int = SUPPLEMENT_SEED) -> list[dict[str, Any]]:
-    """``count`` more *fit* entries of ``family``, drawn as the corpus draws them (with ``precision`` only, if
-    given: the draws of other precisions are skipped), ids ``s<seed>_<family>_<nn>``.
+def draw_supplement(family: str, count: int, *, precision: str | None = None, seed: int = SUPPLEMENT_SEED,
+                    where: Callable[[dict[str, Any]], bool] | None = None, tag: str = "") -> list[dict[str, Any]]:
+    """``count`` more *fit* entries of ``family``, drawn as the corpus draws them (with ``precision`` only, and
+    only those ``where`` accepts, if given: the other draws are skipped), ids ``s<seed>_<family>_<tag><nn>``.
 
     The validation half tunes nothing, so where it finds the estimator off, the rule is studied on entries like
     these: same generator, other draws (``benchmarks/estimate/probe_cases.py`` measures them with their streams).
     """
-    rng = random.Random(f"{seed}:{family}:{precision}")
+    rng = random.Random(f"{seed}:{family}:{precision}" + (f":{tag}" if tag else ""))
     found: list[dict[str, Any]] = []
     while len(found) < count:
         entry = _entry(rng, family)
-        if precision is None or entry["precision"] == precision:
-            entry.update(id=f"s{seed}_{family}_{len(found):02d}", split="fit")
+        if (precision is None or entry["precision"] == precision) and (where is None or where(entry)):
+            entry.update(id=f"s{seed}_{family}_{tag}{len(found):02d}", split="fit")
             found.append(entry)
     return found
 
