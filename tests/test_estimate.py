@@ -99,6 +99,30 @@ def test_fits_is_decided_with_the_upper_bound():
     assert est.fits(est.device_upper_bytes) and est.margin_bytes(est.device_upper_bytes) == 0
 
 
+@pytest.mark.parametrize(("cin", "cout"), [(40, 240), (64, 256)])
+def test_an_erratic_cudnn_workspace_widens_the_bound_by_its_bytes(cin: int, cout: int):
+    # a half-precision 1x1 convolution with channel counts not multiples of 32, from 28 x 28 up at batch <= 16:
+    # cuDNN's filter-gradient workspace was erratic on the H200 grid, so the bound adds the larger choice's bytes
+    from memfit.estimate.bound import BASE_MARGIN, BASE_SLACK_BYTES
+    from memfit.estimate.workspaces import pointwise_half_unsure_bytes
+
+    w = Workload(model=lambda: torch.nn.Conv2d(cin, cout, 1), batch=lambda n: (torch.randn(n, cin, 64, 64),),
+                 loss=lambda out, b: out.float().square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                 batch_size=2, precision="fp16")
+    est = estimate(w, gpu="h200")
+    reasons = {u.reason: u for u in est.uncertainty}
+    extra = pointwise_half_unsure_bytes((2, cin, 64, 64), (cout, cin, 1, 1), (2, cout, 64, 64), itemsize=2,
+                                        stride=(1, 1))
+    low = est.fits_in_replay_bytes * (1 + BASE_MARGIN) + BASE_SLACK_BYTES
+    if cin % 32:
+        assert extra > 0 and reasons["conv_workspace_erratic"].bytes == extra
+        assert f"{cin} -> {cout}" in reasons["conv_workspace_erratic"].detail
+        assert low + extra <= est.fits_in_upper_bytes < low + extra + (2 << 20)
+    else:
+        assert extra == 0 and "conv_workspace_erratic" not in reasons
+        assert low <= est.fits_in_upper_bytes < low + (2 << 20)
+
+
 def _masked_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return out[batch[1] > 0].square().mean()  # boolean-mask indexing: the size depends on the data
 

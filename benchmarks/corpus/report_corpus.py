@@ -36,7 +36,8 @@ def _rebound(est: dict[str, Any]) -> int:
     from memfit.estimate.bound import upper_bound
 
     reasons = {u["reason"]: u.get("detail", "") for u in est.get("uncertainty") or []}
-    return max(upper_bound(est["fits_in_replay_bytes"], reasons)[0], est["fits_in_bytes"])
+    extra = {u["reason"]: u.get("bytes", 0) for u in est.get("uncertainty") or []}
+    return max(upper_bound(est["fits_in_replay_bytes"], reasons, extra)[0], est["fits_in_bytes"])
 
 
 def join(predictions: Path, measurements: Path, rebound: bool = False) -> list[dict[str, Any]]:

@@ -170,7 +170,7 @@ def estimate(
     fits_in = -(-int(replayed * (1 + FITS_IN_MARGIN)) // _SEGMENT) * _SEGMENT
     breakdown = dict(analysis["breakdown"])
     breakdown["fragmentation"] = fits_in - analysis["peak_allocated"]
-    upper, uncertainty = upper_bound(replayed, trace.uncertain)
+    upper, uncertainty = upper_bound(replayed, trace.uncertain, trace.uncertain_bytes)
     upper = max(upper, fits_in)
     context = spec.context_bytes(trace.uses_cublas)
     return Estimate(

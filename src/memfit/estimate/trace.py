@@ -99,6 +99,8 @@ class Trace:
     uncertain: dict[UncertaintyReason, str] = field(default_factory=dict)
     """Where the trace relied on a rule rather than a measurement, or lacked a value: reason -> detail (the first
     place it happened). Each widens the estimate's upper bound (memfit.estimate.bound)."""
+    uncertain_bytes: dict[UncertaintyReason, int] = field(default_factory=dict)
+    """Reasons that widen the bound in bytes: the largest allowance of any place each happened."""
     offload: OffloadTraffic | None = None
     """What an offloaded optimizer (``Workload.optimizer_state="cpu_offload"``) moves and computes off the GPU."""
 
@@ -646,9 +648,19 @@ class _Recorder(tp.TorchDispatchMode):
                 f"{where}: a {x.dim() - 2}-D convolution over {tuple(x.shape[2:])}, larger than the calibrated "
                 f"{ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)} per axis"
             )
+        half = x.element_size() == 2
+        if backward and half and x.dim() == 4 and groups == 1 and not transposed and tuple(w.shape[2:]) == (1, 1):
+            unsure = ws.pointwise_half_unsure_bytes(x.shape, w.shape, y.shape, itemsize=2, stride=stride)
+            if unsure > self.trace.uncertain_bytes.get("conv_workspace_erratic", 0):
+                where = self.module_stack[-1] if self.module_stack else "a convolution"
+                self.trace.uncertain["conv_workspace_erratic"] = (
+                    f"{where}: the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
+                    f"{tuple(x.shape[2:])} in half precision, where cuDNN's workspace was erratic: the bound adds "
+                    f"{unsure / 2**20:.0f} MiB")
+                self.trace.uncertain_bytes["conv_workspace_erratic"] = unsure
         return ws.conv_workspace_bytes(
             x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
-            transposed=transposed, half=x.element_size() == 2, backward=backward,
+            transposed=transposed, half=half, backward=backward,
         )
 
     def _transients(self, sizes: list[int], op: str) -> None:

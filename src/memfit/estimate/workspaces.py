@@ -73,6 +73,19 @@ POINTWISE_NARROW_FACTOR = 1.1
 POINTWISE_PARTIAL_SUMS_SMALL = 32 << 20
 """Below this many bytes of partial sums, images smaller than 28 x 28 took them too (mobilenet_v3's 160 -> 960 at
 4 x 4); larger ones (ResNet-50's 2048 <-> 512 at 7 x 7) took a conversion block no larger than input + output."""
+POINTWISE_WIDE_PRODUCT = 190_000
+"""Cin x Cout from which images smaller than 28 x 28 took the conversion block (at most input + output) whatever
+the partial sums' size, with channel counts that are not multiples of 32: 440 -> 440 and 696 -> 696 at 4-16 pixels
+a side, batch 2-32, did; 232 -> 232 (54k) and mobilenet_v3's 160 -> 960 (154k) took the partial sums, and so did
+512 -> 2048 at batch 2 (cudnn_calibration_conv_odd_channels_half_h200_torch2.11_
+20261127.json; a RegNet's 440 -> 440 at 8 x 8 had been charged 12.4 MB for 1.7, fit-side probe s1327_tv_cls_regnet02)."""
+POINTWISE_ERRATIC_FACTOR, POINTWISE_ERRATIC_SLACK_BYTES = 1.2, 8 << 20
+"""The bound's allowance for an erratic filter gradient (``pointwise_half_unsure_bytes``)."""
+POINTWISE_ERRATIC_BATCH = 16
+"""Batch up to which a filter gradient from 28 x 28 up with channel counts that are not multiples of 32 may take
+the conversion block (input + output) instead of the partial sums: cuDNN's choice there was erratic at batch 2 and
+16 and always the partial sums at 32 (same grid). The estimate keeps the partial sums; the bound adds the
+difference (``pointwise_half_unsure_bytes``)."""
 
 
 def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int], *,
@@ -105,11 +118,30 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
     n, cin = input_shape[0], input_shape[1]
     partial_sums = n * cin * weight_shape[0] * 4
     pixels = math.prod(input_shape[2:])
+    if pixels == 1:
+        return 0  # a squeeze-excitation layer's 1 x 1 images: none on all 51 such calls (odd-channel grid)
     if cin <= POINTWISE_NARROW_CIN and n <= 8 and pixels >= POINTWISE_MIN_PIXELS:
         return max(partial_sums, math.ceil(POINTWISE_NARROW_FACTOR * io))
-    if pixels >= POINTWISE_MIN_PIXELS or partial_sums < POINTWISE_PARTIAL_SUMS_SMALL:
+    if pixels >= POINTWISE_MIN_PIXELS:
+        return partial_sums
+    odd = cin % 32 != 0 or weight_shape[0] % 32 != 0
+    if partial_sums < POINTWISE_PARTIAL_SUMS_SMALL and not (odd and cin * weight_shape[0] >= POINTWISE_WIDE_PRODUCT):
         return partial_sums
     return min(partial_sums, io)
+
+
+def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
+                                output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int]) -> int:
+    """How much more than charged the filter gradient of a 2-D 1x1 half-precision convolution may take where
+    cuDNN's choice was erratic on the H200 grid (``POINTWISE_ERRATIC_BATCH``), 0 elsewhere: the conversion block,
+    about input + output but up to 3 x that plus 6.6 MiB at small sizes (112 -> 672 at 32 x 32, batch 2: 9.7 MB
+    for 3.1), so 1.2 x input + output + 8 MiB, which covers all 60 such calls of the grid."""
+    n, cin, cout = input_shape[0], input_shape[1], weight_shape[0]
+    if (any(s > 1 for s in stride) or n > POINTWISE_ERRATIC_BATCH or (cin % 32 == 0 and cout % 32 == 0)
+            or math.prod(input_shape[2:]) < POINTWISE_MIN_PIXELS):
+        return 0
+    io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
+    return math.ceil(POINTWISE_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
 
 
 def _padded_nbytes(shape: Sequence[int], itemsize: int) -> int:

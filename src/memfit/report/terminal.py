@@ -97,7 +97,8 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
     for w in est.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     for unsure in est.uncertainty:
-        console.print(f"[yellow]upper bound +{unsure.widen:.0%}:[/] {unsure.reason}: {unsure.detail}")
+        by = f"+{format_bytes(unsure.bytes)}" if unsure.bytes else f"+{unsure.widen:.0%}"
+        console.print(f"[yellow]upper bound {by}:[/] {unsure.reason}: {unsure.detail}")
     if budget_bytes is not None:
         margin = est.margin_bytes(budget_bytes)
         if margin >= 0:
