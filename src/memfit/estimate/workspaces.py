@@ -82,7 +82,8 @@ a side, batch 2-32, did; 232 -> 232 (54k) and mobilenet_v3's 160 -> 960 (154k) t
 POINTWISE_ERRATIC_FACTOR, POINTWISE_ERRATIC_SLACK_BYTES = 1.2, 8 << 20
 """The bound's allowance for an erratic filter gradient (``pointwise_half_unsure_bytes``)."""
 POINTWISE_ERRATIC_BATCH = 16
-"""Batch up to which a filter gradient from 28 x 28 up with channel counts that are not multiples of 32 may take
+"""Batch up to which a filter gradient from 28 x 28 up with channel counts that are not multiples of 32 (and more
+than ``POINTWISE_NARROW_CIN`` on both sides) may take
 the conversion block (input + output) instead of the partial sums: cuDNN's choice there was erratic at batch 2 and
 16 and always the partial sums at 32 (same grid). The estimate keeps the partial sums; the bound adds the
 difference (``pointwise_half_unsure_bytes``)."""
@@ -138,8 +139,8 @@ def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
     for 3.1), so 1.2 x input + output + 8 MiB, which covers all 60 such calls of the grid."""
     n, cin, cout = input_shape[0], input_shape[1], weight_shape[0]
     if (any(s > 1 for s in stride) or n > POINTWISE_ERRATIC_BATCH or (cin % 32 == 0 and cout % 32 == 0)
-            or math.prod(input_shape[2:]) < POINTWISE_MIN_PIXELS):
-        return 0
+            or min(cin, cout) <= POINTWISE_NARROW_CIN or math.prod(input_shape[2:]) < POINTWISE_MIN_PIXELS):
+        return 0  # narrow layers (a segmentation head, 16 -> 14, 32 -> 3, 24 -> 144) kept to the rule on the first grid
     io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
     return math.ceil(POINTWISE_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
 
