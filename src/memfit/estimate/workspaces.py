@@ -101,13 +101,13 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
       28 x 28 when those sums are large (then at most input + output), and for narrow inputs (<= 24 channels) at
       batch <= 8 from 28 x 28 up, which take a conversion block of about 1.1 x input + output instead (a U-Net's
       16 -> 14 head at 512 x 512, batch 2: 34 MB, fit entry c032). On the grid's 664 stride-1 filter gradients
-      this is under by more than 1 MiB on 12 (at most 17 MiB), over by up to 141 MiB. Known miss, not yet a rule:
-      channel counts that are not multiples of 32 (RegNet's 232/440/696, EfficientNet's 40/240, 112/672) make
-      cuDNN's choice erratic: at batch 2 or 16 it often takes an input + output conversion block instead (up to
-      666 MiB more than charged at 696 -> 696 on 128 x 128, batch 16), at batch 32 the partial sums; and it takes
-      nothing at 1 x 1 pixels, where the rule charges the partial sums (a squeeze-excitation layer), nor from 440
-      channels up at 4-8 pixels (cudnn_calibration_conv_odd_channels_half_h200_torch2.11_20261127.json: 252 such
-      filter gradients, 40 under by more than 1 MiB, 42 over). The data gradient's conversion block appears
+      this is under by more than 1 MiB on 12 (at most 17 MiB), over by up to 141 MiB. Channel counts that are
+      not multiples of 32 (RegNet's 232/440/696, EfficientNet's 40/240, 112/672; a second grid of 252 such filter
+      gradients, cudnn_calibration_conv_odd_channels_half_h200_torch2.11_20261127.json): nothing at 1 x 1 images
+      (a squeeze-excitation layer), the conversion block for wide layers below 28 x 28
+      (``POINTWISE_WIDE_PRODUCT``), and from 28 x 28 up an erratic choice between the partial sums and an input +
+      output block (up to 666 MiB more at 696 -> 696 on 128 x 128, batch 16) that the estimate charges as partial
+      sums and the bound covers (``pointwise_half_unsure_bytes``). The data gradient's conversion block appears
       erratically (mostly at 4-14 per axis, where it is small; on a few 112 x 112 shapes with 512-2048 input
       channels, up to 0.98 GB): not charged, the bound's margin covers it.
     """
