@@ -94,11 +94,14 @@ class SpeedParams:
     chain of small ops, reentrant checkpointing's Python costs 0.33 of non-reentrant's (2.5 against 7.5 us per op,
     forward and backward, on a 2-core CPU; benchmarks/results/speed/checkpoint_dispatch_cost_cpu_torch2.13_20261126.json),
     so 12 + 0.33 × 17 us."""
-    selective_dispatch_s: float = 17e-6
+    selective_dispatch_s: float = 52e-6
     """CPU time per op of a selectively checkpointed block, once in its forward and once in its recompute, on top of
     what non-reentrant checkpointing costs: torch's Python dispatch modes for selective checkpointing run memfit's
-    policy and keep or hand back each output. Measured on a 2-core CPU, not on a GPU host: 17.5 us per op in
-    forward and 16.5 us in the recompute over non-reentrant checkpointing, on a chain of small ops
+    policy and keep or hand back each output. Fitted on GPT-2 alone (52.3 us: every block selective added 27.7 ms
+    to fully checkpointed blocks' 65.7 ms step on an H100), judged on ViT-B/16 (+25.2 ms predicted for +29.1
+    measured; 8.7 with the old constant) and ResNet-50 (+8.6 for +31.3: still far under; -2.0 before)
+    (benchmarks/plan/selective_fit.py -> benchmarks/results/plan/checkpoint_modes_h100_torch2.11_20261126_
+    selective_fit.json). Was 17 us, measured on a 2-core CPU on a chain of small ops
     (benchmarks/results/speed/checkpoint_dispatch_cost_cpu_torch2.13_20261126.json)."""
     optimizer_dispatch_s: float = 8e-6
     """CPU time per ATen op in ``zero_grad`` and ``optimizer.step()`` (a Python loop for ``foreach=False``).
