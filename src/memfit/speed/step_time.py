@@ -101,7 +101,9 @@ class SpeedParams:
     to fully checkpointed blocks' 65.7 ms step on an H100), judged on ViT-B/16 (+25.2 ms predicted for +29.1
     measured; 8.7 with the old constant) and ResNet-50 (+8.6 for +31.3: still far under; -2.0 before)
     (benchmarks/plan/selective_fit.py -> benchmarks/results/plan/checkpoint_modes_h100_torch2.11_20261126_
-    selective_fit.json). Was 17 us, measured on a 2-core CPU on a chain of small ops
+    selective_fit.json). An effective cost: the H100 host's dispatch modes alone took 12-14 us per op
+    (benchmarks/results/speed/checkpoint_dispatch_cost_h100_torch2.11_20261126.json), the rest is not yet located.
+    Was 17 us, measured on a 2-core CPU on a chain of small ops
     (benchmarks/results/speed/checkpoint_dispatch_cost_cpu_torch2.13_20261126.json)."""
     optimizer_dispatch_s: float = 8e-6
     """CPU time per ATen op in ``zero_grad`` and ``optimizer.step()`` (a Python loop for ``foreach=False``).
