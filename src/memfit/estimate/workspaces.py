@@ -75,8 +75,9 @@ POINTWISE_PARTIAL_SUMS_SMALL = 32 << 20
 4 x 4); larger ones (ResNet-50's 2048 <-> 512 at 7 x 7) took a conversion block no larger than input + output."""
 POINTWISE_WIDE_PRODUCT = 190_000
 """Cin x Cout from which images smaller than 28 x 28 took the conversion block (at most input + output) whatever
-the partial sums' size, with channel counts that are not multiples of 32: 440 -> 440 and 696 -> 696 at 4-16 pixels
-a side, batch 2-32, did; 232 -> 232 (54k) and mobilenet_v3's 160 -> 960 (154k) took the partial sums, and so did
+the partial sums' size, with channel counts that are not multiples of 32: 440 -> 440 and 696 -> 696 at 4-8 pixels
+a side, batch 2-32, did (exactly input + output), at 16 up to 1.44 x input + output or the partial sums (3 MiB
+more than charged at most); 232 -> 232 (54k) and mobilenet_v3's 160 -> 960 (154k) took the partial sums, and so did
 512 -> 2048 at batch 2 (cudnn_calibration_conv_odd_channels_half_h200_torch2.11_
 20261127.json; a RegNet's 440 -> 440 at 8 x 8 had been charged 12.4 MB for 1.7, fit-side probe s1327_tv_cls_regnet02)."""
 POINTWISE_ERRATIC_FACTOR, POINTWISE_ERRATIC_SLACK_BYTES = 1.2, 8 << 20
@@ -120,7 +121,7 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
     partial_sums = n * cin * weight_shape[0] * 4
     pixels = math.prod(input_shape[2:])
     if pixels == 1:
-        return 0  # a squeeze-excitation layer's 1 x 1 images: none on all 51 such calls (odd-channel grid)
+        return 0  # a squeeze-excitation layer's 1 x 1 images: none on all 36 such calls (odd-channel grid)
     if cin <= POINTWISE_NARROW_CIN and n <= 8 and pixels >= POINTWISE_MIN_PIXELS:
         return max(partial_sums, math.ceil(POINTWISE_NARROW_FACTOR * io))
     if pixels >= POINTWISE_MIN_PIXELS:
