@@ -648,20 +648,17 @@ class _Recorder(tp.TorchDispatchMode):
                 f"{where}: a {x.dim() - 2}-D convolution over {tuple(x.shape[2:])}, larger than the calibrated "
                 f"{ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)} per axis"
             )
-        half = x.element_size() == 2
-        if backward and half and x.dim() == 4 and groups == 1 and not transposed and tuple(w.shape[2:]) == (1, 1):
-            unsure = ws.pointwise_half_unsure_bytes(x.shape, w.shape, y.shape, itemsize=2, stride=stride)
-            if unsure > self.trace.uncertain_bytes.get("conv_workspace_erratic", 0):
-                where = self.module_stack[-1] if self.module_stack else "a convolution"
-                self.trace.uncertain["conv_workspace_erratic"] = (
-                    f"{where}: the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
-                    f"{tuple(x.shape[2:])} in half precision, where cuDNN's workspace was erratic: the bound adds "
-                    f"{unsure / 2**20:.0f} MiB")
-                self.trace.uncertain_bytes["conv_workspace_erratic"] = unsure
-        return ws.conv_workspace_bytes(
-            x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=stride, groups=groups,
-            transposed=transposed, half=half, backward=backward,
-        )
+        call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
+                    half=x.element_size() == 2, backward=backward)
+        unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
+        if unsure > self.trace.uncertain_bytes.get("conv_workspace_erratic", 0):
+            where = self.module_stack[-1] if self.module_stack else "a convolution"
+            self.trace.uncertain["conv_workspace_erratic"] = (
+                f"{where}: the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
+                f"{tuple(x.shape[2:])} in half precision, where cuDNN's workspace was erratic: the bound adds "
+                f"{unsure / 2**20:.0f} MiB")
+            self.trace.uncertain_bytes["conv_workspace_erratic"] = unsure
+        return ws.conv_workspace_bytes(x.shape, w.shape, y.shape, **call)
 
     def _transients(self, sizes: list[int], op: str) -> None:
         """Blocks a kernel takes one after another and gives back in reverse order (C++ locals going out of scope)
@@ -1099,6 +1096,23 @@ def _grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tu
     return found if len({k for _, k in found}) == len(found) else None
 
 
+def _window_lifetimes(trace: Trace, start: int, end: int) -> tuple[set[int], set[int], list[int]]:
+    """Of the events ``start:end``: the keys they allocated, those of them still alive at ``end``, and the keys
+    made before ``start`` that they freed, in the order freed."""
+    born: set[int] = set()
+    alive: set[int] = set()
+    earlier: list[int] = []
+    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
+        if o > 0:
+            born.add(k)
+            alive.add(k)
+        elif k in born:
+            alive.discard(k)
+        else:
+            earlier.append(k)
+    return born, alive, earlier
+
+
 def _copy_micro_batch(recorder: _Recorder, step: int, held: list[Any]) -> bool:
     """Account for the next micro-batch of ``step`` by copying the events of the last one, which has just ended.
 
@@ -1118,17 +1132,8 @@ def _copy_micro_batch(recorder: _Recorder, step: int, held: list[Any]) -> bool:
     held_keys = [recorder._live.get(st) for st in held_storages]
     if any(k is None for k in held_keys):
         return False
-    born: set[int] = set()
-    alive: set[int] = set()
-    earlier_freed: list[int] = []  # what the first micro-batch held, in the order the second freed it
-    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
-        if o > 0:
-            born.add(k)
-            alive.add(k)
-        elif k in born:
-            alive.discard(k)
-        else:
-            earlier_freed.append(k)
+    # what the first micro-batch held, in the order the second freed it
+    _, alive, earlier_freed = _window_lifetimes(trace, start, end)
     now_held = list(reversed(held_keys))  # the protocol lets go of the last held first
     if alive != set(held_keys) or len(earlier_freed) != len(now_held) or any(
             trace.allocs[a].nbytes != trace.allocs[b].nbytes for a, b in zip(earlier_freed, now_held)):
@@ -1195,16 +1200,9 @@ def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimiz
     start = next(at for at, name, s in marks if name == "forward" and s == 0)
     end = next(at for at, name, s in marks if name == "optimizer" and s == 0)
     zero_grad = next(at for at, name, s in marks if name == "zero_grad" and s == step)
-    born: set[int] = set()
-    alive: set[int] = set()
-    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
-        if o > 0:
-            born.add(k)
-            alive.add(k)
-        elif k in born:
-            alive.discard(k)
-        else:
-            return False  # frees something made before it: the next step may find another
+    born, alive, earlier_freed = _window_lifetimes(trace, start, end)
+    if earlier_freed:
+        return False  # frees something made before it: the next step may find another
     grads = dict(recorder.grad_keys)
     workspaces = {k for k in alive if trace.allocs[k].op == "cublas_workspace"}
     freed_by_zero_grad = {k for o, k in zip(trace.ops[zero_grad:], trace.keys[zero_grad:], strict=True) if o < 0}
