@@ -92,6 +92,7 @@ def test_workspace_matches_every_measured_call():
     assert rnn_workspace_bytes(LSTM_LM, LSTM_LM_WEIGHTS, "standard") == pytest.approx(LSTM_LM_WORKSPACE, rel=0.001)
     assert rnn_workspace_bytes(BIGRU, BIGRU_WEIGHTS, "standard") == pytest.approx(BIGRU_WORKSPACE, rel=0.001)
     algorithms = set()
+    first_file = {id(r) for r in ALLOCATIONS}
     for row in ALLOCATIONS + DROPOUT_ALLOCATIONS:
         s = _shape(row)
         weights = row["weights"] * s.itemsize
@@ -100,7 +101,7 @@ def test_workspace_matches_every_measured_call():
         # within 1.1 % there; the second file's 40-wide inputs and H 160-192 backward calls: -1.4 ... +4.2 %) and
         # tanh RNNs (1.1 %); the others: integer coefficients, 0.15 %
         deep_gru = s.mode == "GRU" and s.directions == 1 and s.layers > 1 and not dropout
-        rel = 0.045 if deep_gru else 0.011 if s.mode == "RNN_TANH" else 0.0015
+        rel = (0.011 if id(row) in first_file else 0.045) if deep_gru else 0.011 if s.mode == "RNN_TANH" else 0.0015
         for measured, forward in zip(_workspaces(row), (True, False), strict=True):
             algorithm = rnn_algorithm(s, H200, forward=forward)
             algorithms.add(algorithm)
