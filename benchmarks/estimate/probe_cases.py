@@ -89,6 +89,10 @@ PROBES.update({e["id"]: e for e in (
     _e("p5_gru_h320", "rnn", {**_P5_BASE, "hidden": 320}, "bf16", _P5_ADAMW, 128, False),
 )})
 
+# and, after that rule, the validation half's farthest entries were over-asks in three other families (a frozen
+# EfficientNet +9.1 %, an fp32 MLP +8.4 %, a bf16 3-D U-Net +6.0 %): the generator's plain draws of those families
+PROBES.update({e["id"]: e for family in ("frozen_cnn", "mlp", "unet") for e in draw_supplement(family, 6, tag="r5")})
+
 
 def __getattr__(name: str) -> memfit.Workload:
     if name in PROBES:
