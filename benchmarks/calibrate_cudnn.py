@@ -158,16 +158,55 @@ def conv_odd_channels_half_rows() -> list[dict]:
     return rows
 
 
-def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False):  # noqa: ANN001, ANN202
+def conv_patchify_rows() -> list[dict]:
+    """Non-overlapping "patchify" convolutions (kernel == stride: a ViT's patch embedding) from 3 input channels at
+    the batches and image sizes ViTs train at: the first grid measured no forward workspace up to 24 x 3 x 192²,
+    but a fit-side frozen ViT-B/16 (probe_cases.py, s1327_frozen_cnn_r501, bf16, 32 x 3 x 224²) took 38.5 MB in
+    its patch embedding's forward. With and without gradients (a frozen embedding runs forward only)."""
+    rows = []
+    for (cout, k), hw, n, dname, grad in itertools.product(
+            ((768, 16), (384, 16), (1024, 14), (768, 32)), (224, 384), (1, 8, 16, 32, 64, 128), DTYPES, (True, False)):
+        if hw % k:
+            hw = hw // k * k
+        row = _conv_case(2, n, 3, cout, k, k, 1, False, hw, dname, grad=grad)
+        if row:
+            rows.append(row)
+    return rows
+
+
+def conv_head_half_rows() -> list[dict]:
+    """Half-precision 1x1 segmentation heads: a few feature channels to a small class count (2-D and 3-D), at the
+    sizes U-Nets train at. A fit-side bf16 2-D U-Net (probe_cases.py, s1327_unet_r500: 32 -> 5 at 4 x 512²) took a
+    91.5 MB workspace in the head's backward, where the pointwise rules charge nothing."""
+    rows = []
+    for (cin, cout), hw, n, dname in itertools.product(
+            ((32, 2), (32, 3), (32, 5), (32, 14), (16, 3), (64, 5), (64, 21), (32, 8), (32, 16)), (128, 256, 512),
+            (1, 2, 4, 8), ("bf16", "fp16")):
+        row = _conv_case(2, n, cin, cout, 1, 1, 1, False, hw, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    for (cin, cout), dhw, n, dname in itertools.product(
+            ((32, 2), (32, 3), (32, 5), (32, 14), (16, 3)), (64, 96, 128), (1, 2, 4), ("bf16", "fp16")):
+        row = _conv_case(3, n, cin, cout, 1, 1, 1, False, dhw, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
+def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True):  # noqa: ANN001, ANN202
     dtype = DTYPES[dname]
     try:
-        x = torch.randn(n, cin, *([size] * dims), device="cuda", dtype=dtype, requires_grad=True)
+        x = torch.randn(n, cin, *([size] * dims), device="cuda", dtype=dtype, requires_grad=grad)
         wshape = (cin, cout // g, *([k] * dims)) if tr else (cout, cin // g, *([k] * dims))
-        w = torch.randn(*wshape, device="cuda", dtype=dtype, requires_grad=True)
+        w = torch.randn(*wshape, device="cuda", dtype=dtype, requires_grad=grad)
         pad = 0 if (tr or k == 1 or k == s) else k // 2
         conv = getattr(F, f"conv_transpose{dims}d" if tr else f"conv{dims}d")
         y, fwd = _transient(lambda: conv(x, w, stride=s, padding=pad, groups=g))  # noqa: F821 (called at once)
         gy = torch.randn_like(y)
+        if not grad:
+            return dict(kind="conv", dims=dims, n=n, cin=cin, cout=cout, k=k, stride=s, groups=g, transposed=tr,
+                        size=size, dtype=dname, grad=False, in_bytes=x.numel() * x.element_size(),
+                        out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(), fwd_ws=fwd)
         _, bwd = _transient(lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=split_backward))  # noqa: F821
         split = {}
         if split_backward:
@@ -234,15 +273,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
-                                                "conv_pointwise_half", "conv_odd_channels_half", "lstm",
-                                                "rnn"), help="measure one family only")
+                                                "conv_pointwise_half", "conv_odd_channels_half", "conv_patchify", "conv_head_half",
+                                                "lstm", "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
     families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_narrow": conv_narrow_rows,
                 "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
                 "conv_pointwise_half": conv_pointwise_half_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
-                "lstm": lstm_rows,
+                "conv_patchify": conv_patchify_rows, "conv_head_half": conv_head_half_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)
