@@ -274,3 +274,46 @@ def test_odd_channel_pointwise_filter_gradients_are_charged_or_bounded():
     assert flagged == 60
     # outside the erratic region the rule is at most 3.1 MiB under (16 x 16, 208-440 channels), 16 MiB over
     assert max(gaps) <= 3.1 * MiB and min(gaps) >= -16 * MiB
+
+
+def _grid(name: str) -> list[dict]:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate" / f"{name}.json"
+    return json.loads(path.read_text())["rows"]
+
+
+def test_patchify_forward_workspace_matches_the_grid():
+    # a ViT's patch embedding from 3 channels (kernel == stride): the layout conversion in half precision from 512
+    # filters up (none at 384, none when the padded input passes 256 MiB), in fp32 from batch 64 (H200 grid,
+    # calibrate_cudnn.py conv_patchify; a frozen ViT-B/16 probe took 38.5 MB there when the rule charged nothing)
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    exact, worst_under = 0, 0
+    rows = _grid("cudnn_calibration_conv_patchify_h200_torch2.11_20261127")
+    for r in rows:
+        itemsize, n, k, side, filters = (4 if r["dtype"] == "fp32" else 2), r["n"], r["k"], r["size"], r["cout"]
+        charged = conv_workspace_bytes((n, 3, side, side), (filters, 3, k, k), (n, filters, side // k, side // k),
+                                       itemsize=itemsize, stride=(k, k), groups=1, transposed=False,
+                                       half=itemsize == 2)
+        exact += abs(charged - r["fwd_ws"]) <= 512
+        worst_under = max(worst_under, r["fwd_ws"] - charged)
+    assert len(rows) == 288 and exact >= 264 and worst_under <= 1 << 20
+
+
+def test_segmentation_head_filter_gradients_are_bounded():
+    # half-precision 1x1 heads (32 -> 2...16 classes and the like, 128-512 per side, batch 1-8): cuDNN's filter
+    # gradient takes a few KiB or up to 2 x input + output, erratically; the bound covers every call of the grid
+    from memfit.estimate.workspaces import conv_workspace_bytes, conv_workspace_unsure_bytes
+
+    rows = [r for r in _grid("cudnn_calibration_conv_head_half_h200_torch2.11_20261127") if r["dims"] == 2]
+    flagged = 0
+    for r in rows:
+        n, side = r["n"], r["size"]
+        shapes = ((n, r["cin"], side, side), (r["cout"], r["cin"], 1, 1), (n, r["cout"], side, side))
+        call = dict(itemsize=2, stride=(1, 1), groups=1, transposed=False, half=True, backward=True)
+        allowance = conv_workspace_unsure_bytes(*shapes, **call)
+        flagged += allowance > 0
+        assert r["wgrad_ws"] <= conv_workspace_bytes(*shapes, **call) + allowance, r
+    assert len(rows) == 216 and flagged == 216

@@ -53,11 +53,43 @@ def conv_workspace_bytes(
                                      + _nbytes(weight_shape, itemsize)))
         return 0  # 1x1 convolutions are GEMMs on the NCHW data
     if not transposed and tuple(stride) == kernel and any(k > 1 for k in kernel):
-        return 0  # patchify (kernel == stride), e.g. ViT's patch embedding
+        return 0 if backward else _patchify_forward_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize)
     return (
         _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
         + _nbytes(weight_shape, itemsize)
     )
+
+
+# Non-overlapping "patchify" convolutions (kernel == stride > 1: a ViT's patch embedding) from 3 channels, forward,
+# measured on 288 calls (768 and 384 filters of 16², 1024 of 14², 768 of 32²; 224-384 per axis, batch 1-128; fp32,
+# bf16, fp16, with and without gradients, which change nothing): cudnn_calibration_conv_patchify_h200_torch2.11_
+# 20261127.json. The first grid (batch 6-24, 48-192 per axis, 384 filters) had measured none, and a fit-side frozen
+# ViT-B/16 (probe_cases.py, s1327_frozen_cnn_r501, bf16, 32 x 224²) took 38.5 MB there.
+PATCHIFY_HALF_MIN_FILTERS = 512
+"""Half precision: 384 filters took no workspace at any size measured; 768 and 1024 took the layout conversion."""
+PATCHIFY_HALF_MAX_PADDED_INPUT = 256 << 20
+"""... unless the padded input passed this (batch 128 at 378-384², 292-302 MB: a few KiB; 146-151 MB: converted)."""
+PATCHIFY_FP32_MIN_BATCH = 64
+"""fp32: the conversion (channels padded to 4) from this batch on, on all four filter shapes; none below it with
+16 x 16 and 32 x 32 kernels; the 14 x 14 kernel converted without padding from batch 8 (none at 1)."""
+
+
+def _patchify_forward_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int],
+                            *, itemsize: int) -> int:
+    """The forward workspace of a patchify convolution (``PATCHIFY_*``): exact to 512 bytes on 264 of the grid's
+    288 calls, under by at most 1 MiB on the other 24 (batch 16 in half precision, 0.2-0.6 MB; fp32 at 384², 1 MiB)."""
+    n, filters = input_shape[0], weight_shape[0]
+    converted = (_padded_nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize)
+                 + _padded_nbytes(weight_shape, itemsize))
+    if itemsize == 2:
+        if filters < PATCHIFY_HALF_MIN_FILTERS or _padded_nbytes(input_shape, itemsize) > PATCHIFY_HALF_MAX_PADDED_INPUT:
+            return 0
+        return converted
+    if n >= PATCHIFY_FP32_MIN_BATCH:
+        return converted
+    if weight_shape[2] % 16 != 0 and n > 1:
+        return _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize) + _nbytes(weight_shape, itemsize)
+    return 0
 
 
 def _is_pointwise_half(weight_shape: Sequence[int], *, groups: int, transposed: bool, half: bool) -> bool:
@@ -103,6 +135,14 @@ than ``POINTWISE_NARROW_CIN`` on both sides) may take
 the conversion block (input + output) instead of the partial sums: cuDNN's choice there was erratic at batch 2 and
 16 and always the partial sums at 32 (same grid). The estimate keeps the partial sums; the bound adds the
 difference (``pointwise_half_unsure_bytes``)."""
+
+
+POINTWISE_HEAD_MAX_CIN, POINTWISE_HEAD_BATCH, POINTWISE_HEAD_ERRATIC_FACTOR = 64, 8, 2.1
+"""A segmentation head (a 1x1 convolution to at most ``POINTWISE_NARROW_CIN`` classes) from up to 64 channels at
+batch <= 8, from 28 x 28 up: its filter gradient took a few KiB or a block of 1.0-2.0 x input + output, erratically
+in batch, size and class count (32 -> 2...16 at 512², batch 4: 2.0 x; batch 8: a few KiB; 234 such calls,
+cudnn_calibration_conv_head_half_h200_torch2.11_20261127.json; a fit-side bf16 U-Net's 32 -> 5 head took 91.5 MB,
+s1327_unet_r500). The estimate keeps its rule; the bound adds 2.1 x input + output + 8 MiB."""
 
 
 def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int], *,
@@ -154,6 +194,10 @@ def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
     about input + output but up to 3 x that plus 6.6 MiB at small sizes (112 -> 672 at 32 x 32, batch 2: 9.7 MB
     for 3.1), so 1.2 x input + output + 8 MiB, which covers all 60 such calls of the grid."""
     n, cin, cout = input_shape[0], input_shape[1], weight_shape[0]
+    if (cout <= POINTWISE_NARROW_CIN and cin <= POINTWISE_HEAD_MAX_CIN and n <= POINTWISE_HEAD_BATCH
+            and all(s == 1 for s in stride) and math.prod(input_shape[2:]) >= POINTWISE_MIN_PIXELS):
+        io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
+        return math.ceil(POINTWISE_HEAD_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
     if (any(s > 1 for s in stride) or n > POINTWISE_ERRATIC_BATCH or (cin % 32 == 0 and cout % 32 == 0)
             or min(cin, cout) <= POINTWISE_NARROW_CIN or math.prod(input_shape[2:]) < POINTWISE_MIN_PIXELS):
         return 0  # narrow layers (a segmentation head, 16 -> 14, 32 -> 3, 24 -> 144) kept to the rule on the first grid
