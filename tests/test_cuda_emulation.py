@@ -317,3 +317,18 @@ def test_segmentation_head_filter_gradients_are_bounded():
         flagged += allowance > 0
         assert r["wgrad_ws"] <= conv_workspace_bytes(*shapes, **call) + allowance, r
     assert len(rows) == 216 and flagged == 216
+
+
+def test_half_precision_rgb_stem_takes_no_forward_workspace():
+    # 3x3 stride-2 stems from 3 channels: none in forward on all 36 grid calls (fp16, batch 2-32); backward converts
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    stems = [r for r in _grid("cudnn_calibration_conv_odd_channels_half_h200_torch2.11_20261127")
+             if r["k"] == 3 and r["cin"] == 3]
+    assert len(stems) == 36
+    for r in stems:
+        n, side, cout = r["n"], r["size"], r["cout"]
+        shapes = ((n, 3, side, side), (cout, 3, 3, 3), (n, cout, side // 2, side // 2))
+        call = dict(itemsize=2, stride=(2, 2), groups=1, transposed=False, half=True)
+        assert conv_workspace_bytes(*shapes, **call) == r["fwd_ws"] == 0
+        assert conv_workspace_bytes(*shapes, **call, backward=True) > 0

@@ -20,6 +20,12 @@ def _nbytes(shape: Sequence[int], itemsize: int) -> int:
     return math.prod(shape) * itemsize
 
 
+STEM_MAX_CHANNELS, STEM_MAX_BATCH = 4, 64
+"""A 2-D 3x3 stride-2 convolution from at most 4 channels in half precision took no forward workspace on all 36
+such calls of the odd-channel grid (3 -> 16/24/32/64, 128-256 per side, batch 2-32, fp16:
+cudnn_calibration_conv_odd_channels_half_h200_torch2.11_20261127.json) and in a fit-side frozen EfficientNet-B0's
+stream (bf16, batch 64 at 224², s1327_frozen_cnn_r502, where the charged 105 MB block made its cap 7.8 % high).
+Larger batches were not measured and keep the conversion block. Backward converts (input padded to 8 channels)."""
 LARGE_3D_POINTWISE_FP32 = 80
 """The largest size per axis at which 3-D 1x1 fp32 convolutions were measured to run backward without a workspace."""
 
@@ -54,6 +60,9 @@ def conv_workspace_bytes(
         return 0  # 1x1 convolutions are GEMMs on the NCHW data
     if not transposed and tuple(stride) == kernel and any(k > 1 for k in kernel):
         return 0 if backward else _patchify_forward_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize)
+    if (not backward and half and dims == 2 and kernel == (3, 3) and tuple(stride) == (2, 2)
+            and input_shape[1] <= STEM_MAX_CHANNELS and input_shape[0] <= STEM_MAX_BATCH):
+        return 0  # a 3x3 stride-2 stem from RGB (EfficientNet, MobileNet, RegNet): no conversion in forward
     return (
         _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
         + _nbytes(weight_shape, itemsize)
