@@ -78,6 +78,9 @@ PATCHIFY_HALF_MIN_FILTERS = 512
 """Half precision: 384 filters took no workspace at any size measured; 768 and 1024 took the layout conversion."""
 PATCHIFY_HALF_MAX_PADDED_INPUT = 256 << 20
 """... unless the padded input passed this (batch 128 at 378-384², 292-302 MB: a few KiB; 146-151 MB: converted)."""
+PATCHIFY_FP32_MIN_FILTERS = 384
+"""fp32 below this many filters: none assumed (the grid's smallest, 384, converted from batch 64; a ConvNeXt-T's
+96-filter 4 x 4 stem at batch 64, fit entry c106, measured a cap 4 % under what charging it predicts)."""
 PATCHIFY_FP32_MIN_BATCH = 64
 """fp32: the conversion (channels padded to 4) from this batch on, on all four filter shapes; none below it with
 16 x 16 and 32 x 32 kernels; the 14 x 14 kernel converted without padding from batch 8 (none at 1)."""
@@ -94,6 +97,8 @@ def _patchify_forward_bytes(input_shape: Sequence[int], weight_shape: Sequence[i
         if filters < PATCHIFY_HALF_MIN_FILTERS or _padded_nbytes(input_shape, itemsize) > PATCHIFY_HALF_MAX_PADDED_INPUT:
             return 0
         return converted
+    if filters < PATCHIFY_FP32_MIN_FILTERS:
+        return 0
     if n >= PATCHIFY_FP32_MIN_BATCH:
         return converted
     if weight_shape[2] % 16 != 0 and n > 1:
