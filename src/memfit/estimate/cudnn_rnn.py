@@ -101,14 +101,14 @@ _WORKSPACE: dict[_WorkspaceKey, tuple[float, float, float]] = {
 # taggers 10-17 % (benchmarks/estimate/probe_cases.py, s1327_rnn_*). Two directions: no change (exact, 96 calls).
 _WORKSPACE_DROPOUT: dict[str, tuple[float, float, float]] = {"LSTM": (6, 1, 10), "GRU": (5, 1, 5)}
 DROPOUT_WORKSPACE_ELEMENTS = 1
+"""T*N*H elements dropout adds where it was not measured (tanh/ReLU RNNs, the persistent small-H algorithm): the
+LSTM's measured extra, assumed."""
 # An input wider than the hidden state (an embedding of 384-512 into a 256-320 GRU) was measured only for the
 # one-layer, one-direction standard GRU: one of its four T*N*H terms takes max(H, I) instead, i.e. 3*T*N*H + 3*T*N*I
 # when I > H (and the (4, 2, 5) above when I <= H). Exact to 0.002 % on five bf16 calls, H 256 and 320, I 384 and
 # 512, N 112-144, T 256 (benchmarks/results/estimate/gap_traces_probes_r5_h200_torch2.11_20261127.tar.gz, fit-side
 # probes p5_*); (4, 2, 5) was 10 % under on them. The other keys keep their I <= H fits where I > H (not measured).
 _WORKSPACE_WIDER_INPUT: dict[_WorkspaceKey, int] = {("standard", "GRU", 1, False): 1}
-"""T*N*H elements dropout adds where it was not measured (tanh/ReLU RNNs, the persistent small-H algorithm): the
-LSTM's measured extra, assumed."""
 # Known misses, both over: one-direction LSTMs of 2+ layers over 500 steps take 3-13 % less (calibration grid);
 # nothing was measured beyond 3 layers (the 3-layer coefficients are used) or 1024 hidden units.
 

@@ -154,7 +154,7 @@ difference (``pointwise_half_unsure_bytes``)."""
 POINTWISE_HEAD_MAX_CIN, POINTWISE_HEAD_BATCH, POINTWISE_HEAD_ERRATIC_FACTOR = 64, 8, 2.1
 """A segmentation head (a 1x1 convolution to at most ``POINTWISE_NARROW_CIN`` classes) from up to 64 channels at
 batch <= 8, from 28 x 28 up: its filter gradient took a few KiB or a block of 1.0-2.0 x input + output, erratically
-in batch, size and class count (32 -> 2...16 at 512², batch 4: 2.0 x; batch 8: a few KiB; 234 such calls,
+in batch, size and class count (32 -> 2...16 at 512², batch 4: 2.0 x; batch 8: a few KiB; 216 such 2-D calls,
 cudnn_calibration_conv_head_half_h200_torch2.11_20261127.json; a fit-side bf16 U-Net's 32 -> 5 head took 91.5 MB,
 s1327_unet_r500). The estimate keeps its rule; the bound adds 2.1 x input + output + 8 MiB."""
 
@@ -206,7 +206,8 @@ def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
     """How much more than charged the filter gradient of a 2-D 1x1 half-precision convolution may take where
     cuDNN's choice was erratic on the H200 grid (``POINTWISE_ERRATIC_BATCH``), 0 elsewhere: the conversion block,
     about input + output but up to 3 x that plus 6.6 MiB at small sizes (112 -> 672 at 32 x 32, batch 2: 9.7 MB
-    for 3.1), so 1.2 x input + output + 8 MiB, which covers all 60 such calls of the grid."""
+    for 3.1), so 1.2 x input + output + 8 MiB, which covers all 60 such calls of the grid; and a segmentation head's
+    (``POINTWISE_HEAD_*``)."""
     n, cin, cout = input_shape[0], input_shape[1], weight_shape[0]
     if (cout <= POINTWISE_NARROW_CIN and cin <= POINTWISE_HEAD_MAX_CIN and n <= POINTWISE_HEAD_BATCH
             and all(s == 1 for s in stride) and math.prod(input_shape[2:]) >= POINTWISE_MIN_PIXELS):
@@ -214,7 +215,7 @@ def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
         return math.ceil(POINTWISE_HEAD_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
     if (any(s > 1 for s in stride) or n > POINTWISE_ERRATIC_BATCH or (cin % 32 == 0 and cout % 32 == 0)
             or min(cin, cout) <= POINTWISE_NARROW_CIN or math.prod(input_shape[2:]) < POINTWISE_MIN_PIXELS):
-        return 0  # narrow layers (a segmentation head, 16 -> 14, 32 -> 3, 24 -> 144) kept to the rule on the first grid
+        return 0  # other narrow layers (24 -> 144) kept to the rule on the first grid
     io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
     return math.ceil(POINTWISE_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
 
