@@ -171,7 +171,8 @@ def _grid_shortfalls(name: str) -> list[int]:
             rule = conv_workspace_bytes((n, r["cin"]) + (r["size"],) * dims, weight + kernel,
                                         (n, r["cout"]) + (side,) * dims, itemsize=itemsize,
                                         stride=(r["stride"],) * dims, groups=r["groups"],
-                                        transposed=r["transposed"], half=itemsize == 2, backward=backward)
+                                        transposed=r["transposed"], half=itemsize == 2, backward=backward,
+                                        fp16=r["dtype"] == "fp16")
             out.append(r[key] - rule)
     return out
 
@@ -332,3 +333,23 @@ def test_half_precision_rgb_stem_takes_no_forward_workspace():
         call = dict(itemsize=2, stride=(2, 2), groups=1, transposed=False, half=True)
         assert conv_workspace_bytes(*shapes, **call) == r["fwd_ws"] == 0
         assert conv_workspace_bytes(*shapes, **call, backward=True) > 0
+
+
+def test_a_volume_input_layer_takes_no_forward_workspace_in_fp32_and_bf16():
+    # 3-D convolutions from 1-2 channels (CT/MRI input layers): none in fp32 and bf16 on all 32 grid calls; in fp16
+    # the output, and the input from 2 channels (+2-3 KB), on the 16 from 48³ up
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    rows = [r for name in ("cudnn_calibration_h200_torch2.11_20261126", "cudnn_calibration_conv_large_h200_torch2.11_20261126",
+                           "cudnn_calibration_conv_3d_xl_h200_torch2.11_20261126")
+            for r in _grid(name) if r.get("kind") == "conv" and r["dims"] == 3 and r["cin"] <= 2]
+    assert len(rows) == 48
+    for r in rows:
+        itemsize, n, side = (4 if r["dtype"] == "fp32" else 2), r["n"], r["size"]
+        charged = conv_workspace_bytes((n, r["cin"], side, side, side), (r["cout"], r["cin"], 3, 3, 3),
+                                       (n, r["cout"], side, side, side), itemsize=itemsize, stride=(1, 1, 1),
+                                       groups=1, transposed=False, half=itemsize == 2, fp16=r["dtype"] == "fp16")
+        if r["dtype"] != "fp16":
+            assert charged == r["fwd_ws"] == 0
+        elif r["fwd_ws"]:
+            assert 0 <= r["fwd_ws"] - charged <= 4096, r

@@ -665,7 +665,7 @@ class _Recorder(tp.TorchDispatchMode):
                 f"{ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)} per axis"
             )
         call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
-                    half=x.element_size() == 2, backward=backward)
+                    half=x.element_size() == 2, backward=backward, fp16=x.dtype == torch.float16)
         unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
         if unsure > self.trace.uncertain_bytes.get("conv_workspace_erratic", 0):
             where = self.module_stack[-1] if self.module_stack else "a convolution"

@@ -26,6 +26,12 @@ such calls of the odd-channel grid (3 -> 16/24/32/64, 128-256 per side, batch 2-
 cudnn_calibration_conv_odd_channels_half_h200_torch2.11_20261127.json) and in a fit-side frozen EfficientNet-B0's
 stream (bf16, batch 64 at 224², s1327_frozen_cnn_r502, where the charged 105 MB block made its cap 7.8 % high).
 Larger batches were not measured and keep the conversion block. Backward converts (input padded to 8 channels)."""
+VOLUME_INPUT_MAX_CHANNELS = 2
+"""A 3-D stride-1 convolution from at most this many channels (a U-Net's input layer on CT or MRI volumes) took no
+forward workspace in fp32 and bf16 on all 32 such calls of three grids (1 -> 32 at 96-224³, 2 -> 24 at 24-80³,
+batch 1-3), and in fp16 the output (and the input from 2 channels) + 2-3 KB (16 calls; none at 24³); the padded
+conversion charged before was 7 x the input too much there. A fit-side bf16 3-D U-Net (probe_cases.py, s1327_unet_r504, 1 channel at 64³)
+had its cap 5 % high from it (cudnn_calibration_{h200,conv_large_h200,conv_3d_xl_h200}_torch2.11_20261126.json)."""
 LARGE_3D_POINTWISE_FP32 = 80
 """The largest size per axis at which 3-D 1x1 fp32 convolutions were measured to run backward without a workspace."""
 
@@ -41,12 +47,22 @@ def conv_workspace_bytes(
     transposed: bool,
     half: bool,
     backward: bool = False,
+    fp16: bool = False,
 ) -> int:
-    """Transient bytes one cuDNN convolution call takes (forward, or one of the two backward calls)."""
+    """Transient bytes one cuDNN convolution call takes (forward, or one of the two backward calls); ``half`` for
+    fp16 and bf16, ``fp16`` for fp16 alone (the few rules that tell them apart)."""
     kernel = tuple(weight_shape[2:])
     dims = len(kernel)
     if groups > 1:
         return 0  # depthwise/grouped kernels: no layout conversion measured
+    if (not backward and dims == 3 and not transposed and input_shape[1] <= VOLUME_INPUT_MAX_CHANNELS
+            and all(s == 1 for s in stride)):
+        # a 3-D input layer from 1-2 channels (CT, MRI): no conversion in fp32 and bf16; fp16 converts the output,
+        # and the input unless it has one channel (then NCDHW is already NDHWC)
+        if not fp16:
+            return 0
+        converted_input = _nbytes(input_shape, itemsize) if input_shape[1] > 1 else 0
+        return converted_input + _nbytes(output_shape, itemsize) + _nbytes(weight_shape, itemsize)
     if _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
         return _pointwise_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=stride,
                                      backward=backward)
@@ -113,7 +129,7 @@ def _is_pointwise_half(weight_shape: Sequence[int], *, groups: int, transposed: 
 
 def conv_workspace_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
                                 output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int], groups: int,
-                                transposed: bool, half: bool, backward: bool = False) -> int:
+                                transposed: bool, half: bool, backward: bool = False, fp16: bool = False) -> int:
     """Bytes one cuDNN convolution call may take beyond ``conv_workspace_bytes``, where cuDNN's choice was
     erratic on a calibration grid (``pointwise_half_unsure_bytes``); 0 elsewhere. Same arguments."""
     if not backward or not _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
