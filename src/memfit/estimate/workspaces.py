@@ -30,8 +30,9 @@ VOLUME_INPUT_MAX_CHANNELS = 2
 """A 3-D stride-1 convolution from at most this many channels (a U-Net's input layer on CT or MRI volumes) took no
 forward workspace in fp32 and bf16 on all 32 such calls of three grids (1 -> 32 at 96-224³, 2 -> 24 at 24-80³,
 batch 1-3), and in fp16 the output (and the input from 2 channels) + 2-3 KB (16 calls; none at 24³); the padded
-conversion charged before was 7 x the input too much there. A fit-side bf16 3-D U-Net (probe_cases.py, s1327_unet_r504, 1 channel at 64³)
-had its cap 5 % high from it (cudnn_calibration_{h200,conv_large_h200,conv_3d_xl_h200}_torch2.11_20261126.json)."""
+conversion charged before was 7 x the input too much there. A fit-side bf16 3-D U-Net (probe_cases.py,
+s1327_unet_r504, 1 channel at 64³) had its cap 5 % high from it
+(cudnn_calibration_{h200,conv_large_h200,conv_3d_xl_h200}_torch2.11_20261126.json)."""
 LARGE_3D_POINTWISE_FP32 = 80
 """The largest size per axis at which 3-D 1x1 fp32 convolutions were measured to run backward without a workspace."""
 
