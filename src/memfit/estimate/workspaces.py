@@ -27,11 +27,11 @@ cudnn_calibration_conv_odd_channels_half_h200_torch2.11_20261127.json) and in a 
 stream (bf16, batch 64 at 224², s1327_frozen_cnn_r502, where the charged 105 MB block made its cap 7.8 % high).
 Larger batches were not measured and keep the conversion block. Backward converts (input padded to 8 channels)."""
 VOLUME_INPUT_MAX_CHANNELS = 2
-"""A 3-D stride-1 convolution from at most this many channels (a U-Net's input layer on CT or MRI volumes) took no
-forward workspace in fp32 and bf16 on all 32 such calls of three grids (1 -> 32 at 96-224³, 2 -> 24 at 24-80³,
-batch 1-3), and in fp16 the output (and the input from 2 channels) + 2-3 KB (16 calls; none at 24³); the padded
-conversion charged before was 7 x the input too much there. A fit-side bf16 3-D U-Net (probe_cases.py,
-s1327_unet_r504, 1 channel at 64³) had its cap 5 % high from it
+"""A 3-D stride-1 convolution (3 x 3 x 3 measured) from at most this many channels (a U-Net's input layer on CT or
+MRI volumes) took no forward workspace in fp32 and bf16 on all 32 such calls of three grids (1 -> 32 at 96-224³,
+2 -> 24 at 24-80³, batch 1-3), and in fp16 the output (and the input from 2 channels) + 2-3 KB (16 calls; none at
+24³); the padded conversion charged before was 7 x the input too much there. A fit-side bf16 3-D U-Net
+(probe_cases.py, s1327_unet_r504, 1 channel at 64³) had its cap 5 % high from it
 (cudnn_calibration_{h200,conv_large_h200,conv_3d_xl_h200}_torch2.11_20261126.json)."""
 LARGE_3D_POINTWISE_FP32 = 80
 """The largest size per axis at which 3-D 1x1 fp32 convolutions were measured to run backward without a workspace."""
@@ -57,7 +57,7 @@ def conv_workspace_bytes(
     if groups > 1:
         return 0  # depthwise/grouped kernels: no layout conversion measured
     if (not backward and dims == 3 and not transposed and input_shape[1] <= VOLUME_INPUT_MAX_CHANNELS
-            and all(s == 1 for s in stride)):
+            and all(s == 1 for s in stride) and any(k > 1 for k in kernel)):
         # a 3-D input layer from 1-2 channels (CT, MRI): no conversion in fp32 and bf16; fp16 converts the output,
         # and the input unless it has one channel (then NCDHW is already NDHWC)
         if not fp16:
