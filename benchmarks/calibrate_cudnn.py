@@ -202,20 +202,16 @@ def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=Fals
         pad = 0 if (tr or k == 1 or k == s) else k // 2
         conv = getattr(F, f"conv_transpose{dims}d" if tr else f"conv{dims}d")
         y, fwd = _transient(lambda: conv(x, w, stride=s, padding=pad, groups=g))  # noqa: F821 (called at once)
-        gy = torch.randn_like(y)
-        if not grad:
-            return dict(kind="conv", dims=dims, n=n, cin=cin, cout=cout, k=k, stride=s, groups=g, transposed=tr,
-                        size=size, dtype=dname, grad=False, in_bytes=x.numel() * x.element_size(),
-                        out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(), fwd_ws=fwd)
-        _, bwd = _transient(lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=split_backward))  # noqa: F821
-        split = {}
-        if split_backward:
-            _, split["dgrad_ws"] = _transient(lambda: torch.autograd.grad(y, x, gy, retain_graph=True))  # noqa: F821
-            _, split["wgrad_ws"] = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: F821
         row = dict(kind="conv", dims=dims, n=n, cin=cin, cout=cout, k=k, stride=s, groups=g, transposed=tr,
-                   size=size, dtype=dname, in_bytes=x.numel() * x.element_size(),
-                   out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(),
-                   fwd_ws=fwd, bwd_ws=bwd, **split)
+                   size=size, dtype=dname, **({} if grad else {"grad": False}), in_bytes=x.numel() * x.element_size(),
+                   out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(), fwd_ws=fwd)
+        if not grad:
+            return row  # forward only, as a frozen layer runs
+        gy = torch.randn_like(y)
+        _, row["bwd_ws"] = _transient(lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=split_backward))  # noqa: F821
+        if split_backward:
+            _, row["dgrad_ws"] = _transient(lambda: torch.autograd.grad(y, x, gy, retain_graph=True))  # noqa: F821
+            _, row["wgrad_ws"] = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: F821
         del x, w, y, gy
         return row
     except torch.OutOfMemoryError:

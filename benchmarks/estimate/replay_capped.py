@@ -20,35 +20,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from memfit.estimate.allocator import CachingAllocator, SimulatedOOM  # noqa: E402
+from memfit.estimate.allocator import replay  # noqa: E402
 
 
-def replay_under_cap(events: list, cap: int, addresses: list[int] | None) -> tuple[bool, int]:
-    """(ran, peak reserved) of the stream's alloc/free events under ``cap``."""
-    allocator = CachingAllocator(capacity_bytes=cap, segment_addresses=addresses)
-    live: dict[int, int] = {}
-    for key, (action, addr, size, *_) in enumerate(events):
+def _events(recorded: list) -> list[tuple[int, int, int]]:
+    """The recorded stream's allocs and completed frees as ``replay``'s (op, key, nbytes) events."""
+    events: list[tuple[int, int, int]] = []
+    live: dict[int, int] = {}  # address -> key of the block allocated there
+    for key, (action, addr, size, *_) in enumerate(recorded):
         if action == "alloc":
             live[addr] = key
-            try:
-                allocator.malloc(key, size)
-            except SimulatedOOM:
-                return False, allocator.peak_reserved_bytes
+            events.append((1, key, size))
         elif action == "free_completed" and addr in live:
-            allocator.free(live.pop(addr))
-    return True, allocator.peak_reserved_bytes
+            events.append((-1, live.pop(addr), size))
+    return events
 
 
 def main() -> None:
     for path in map(Path, sys.argv[1:]):
         cap_text = re.search(r"_cap(\d+)\.json\.gz$", path.name).group(1)
         cap = int(cap_text) if len(cap_text) > 6 else int(cap_text) * 10**6
-        events = json.loads(gzip.open(path, "rt").read())["events"]
-        addresses = [e[1] for e in events if e[0] == "segment_alloc"]
-        fake = replay_under_cap(events, cap, None)
-        real = replay_under_cap(events, cap, addresses)
-        print(f"{path.name}: cap {cap:,}; fake addresses: {'runs' if fake[0] else 'OOM'} (peak reserved "
-              f"{fake[1]:,}); recorded addresses: {'runs' if real[0] else 'OOM'} (peak reserved {real[1]:,})")
+        recorded = json.loads(gzip.open(path, "rt").read())["events"]
+        events = _events(recorded)
+        addresses = [e[1] for e in recorded if e[0] == "segment_alloc"]
+        fake = replay(events, capacity_bytes=cap)
+        real = replay(events, capacity_bytes=cap, segment_addresses=addresses)
+        print(f"{path.name}: cap {cap:,}; " + "; ".join(
+            f"{name} addresses: {'runs' if r.oom_index is None else 'OOM'} (peak reserved {r.peak_reserved_bytes:,})"
+            for name, r in (("fake", fake), ("recorded", real))))
 
 
 if __name__ == "__main__":

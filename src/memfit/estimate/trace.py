@@ -591,12 +591,8 @@ class _Recorder(tp.TorchDispatchMode):
     def _layer_norm_copy(self, name: str, args: Any) -> int | None:
         """The contiguous copy the CUDA layer norm makes of a permuted input (ConvNeXt, Swin, a ViT's residual
         stream after nn.MultiheadAttention), allocated now; None when there is none."""
-        if name != "native_layer_norm":
-            return None
-        x = args[0]
-        if x.is_contiguous() or x.numel() == 0:
-            return None
-        return self._alloc(x.numel() * x.element_size(), f"{name}_scratch", (), "uint8", "workspaces")
+        nbytes = _contiguous_copy_bytes(args[0]) if name == "native_layer_norm" else 0
+        return self._alloc(nbytes, f"{name}_scratch", (), "uint8", "workspaces") if nbytes else None
 
     def _kernel_transients(self, name: str, args: Any, out: Any) -> list[int]:
         """Blocks a CUDA kernel takes, in order, and gives back in reverse order inside one op
@@ -609,7 +605,7 @@ class _Recorder(tp.TorchDispatchMode):
                 # output.contiguous(); log-softmax's backward skips the product
                 grad = torch.ops.aten.mul.Tensor(grad, output)
             blocks = [_nbytes(grad)] if name == "_softmax_backward_data" else []
-            blocks += [_nbytes(t) for t in (grad, output) if not t.is_contiguous()]
+            blocks += [_contiguous_copy_bytes(t) for t in (grad, output)]
             return [b for b in blocks if b > 0]
         nbytes = self._kernel_transient(name, args, out)
         return [nbytes] if nbytes > 0 else []
@@ -617,8 +613,7 @@ class _Recorder(tp.TorchDispatchMode):
     def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
         """Scratch memory a CUDA kernel takes as one block and gives back inside one op."""
         if name == "native_layer_norm_backward":
-            x = args[1]  # a contiguous copy of a permuted input (ConvNeXt, Swin)
-            return 0 if x.is_contiguous() else x.numel() * x.element_size()
+            return _contiguous_copy_bytes(args[1])  # of a permuted input (ConvNeXt, Swin)
         if name in ("sum", "mean") and isinstance(out, torch.Tensor) and args[0].is_floating_point():
             x = args[0]
             dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
@@ -1110,6 +1105,11 @@ def _grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tu
             return None
         found.append((i, key))
     return found if len({k for _, k in found}) == len(found) else None
+
+
+def _contiguous_copy_bytes(x: torch.Tensor) -> int:
+    """Bytes of ``x.contiguous()`` when it copies (a CUDA kernel's ``expect_contiguous`` of a permuted input), else 0."""
+    return 0 if x.is_contiguous() else _nbytes(x)
 
 
 def _window_lifetimes(trace: Trace, start: int, end: int) -> tuple[set[int], set[int], list[int]]:
