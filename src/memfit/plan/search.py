@@ -12,10 +12,12 @@ is in ``memfit.plan.records``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,7 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
+from memfit.plan.lanes import TraceLane, lane_is_useful
 from memfit.plan.records import Candidate, Config, Plan
 from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
@@ -114,18 +117,55 @@ class Search:
         """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
         self.notes: list[str] = []
         """What the plan says about knobs the search could not try."""
+        self.lane: TraceLane[Config, tuple[Any, Estimate]] | None = None
+        """Where traces the search will probably want are made side by side with this process's (``plan`` opens
+        one where a second CPU is free); None: every trace is made here."""
+
+    def trace(self, config: Config) -> Any:
+        """The trace of ``config`` (expandable segments off: the allocator setting does not change the trace)."""
+        return trace_workload(self.workload.replace(**config.changes()), self.gpu)
+
+    def _replay(self, config: Config, trace: Any) -> Estimate:
+        # a configuration asks for expandable segments; an allocator that has them already keeps them
+        allocator = dataclasses.replace(
+            self.allocator, expandable_segments=self.allocator.expandable_segments or config.expandable_segments)
+        return estimate(self.workload.replace(**config.changes()), gpu=self.gpu, allocator=allocator,
+                        reuse_trace=trace)
+
+    def trace_and_estimate(self, config: Config) -> tuple[Any, Estimate]:
+        """The trace of ``config`` and its estimate: what the lane makes (``config`` has expandable segments off)."""
+        trace = self.trace(config)
+        return trace, self._replay(config, trace)
+
+    @contextlib.contextmanager
+    def side_lane(self) -> Iterator[None]:
+        """A lane for the search's guesses while the block runs, where one pays (``lane_is_useful``)."""
+        if self.lane is not None or not lane_is_useful():
+            yield
+            return
+        self.lane = TraceLane(self.trace_and_estimate)
+        try:
+            yield
+        finally:
+            self.lane.close()
+            self.lane = None
+
+    def guess(self, configs: list[Config]) -> None:
+        """Configurations the search will probably estimate next, in the order it will ask for them: their traces
+        start in the lane, if there is one, while this process works on."""
+        if self.lane is not None:
+            plain = [dataclasses.replace(c, expandable_segments=False) for c in configs]
+            self.lane.guess(plain, skip=lambda key: key in self.traces)
 
     def estimate(self, config: Config) -> Estimate:
         if config not in self.estimates:
             plain = dataclasses.replace(config, expandable_segments=False)
-            w = self.workload.replace(**config.changes())
+            made = None  # the lane's estimate of ``plain``, made beside its trace
             if plain not in self.traces:
-                self.traces[plain] = trace_workload(w, self.gpu)
+                both = self.lane.take(plain) if self.lane is not None else None
+                self.traces[plain], made = both if both is not None else (self.trace(plain), None)
                 self.runs += 1
-            # a configuration asks for expandable segments; an allocator that has them already keeps them
-            allocator = dataclasses.replace(
-                self.allocator, expandable_segments=self.allocator.expandable_segments or config.expandable_segments)
-            est = estimate(w, gpu=self.gpu, allocator=allocator, reuse_trace=self.traces[plain])
+            est = made if made is not None and config == plain else self._replay(config, self.traces[plain])
             self.estimates[config] = est
             self.context_bytes = est.device_bytes - est.fits_in_bytes
         return self.estimates[config]
@@ -322,34 +362,36 @@ def plan(
     speed = choose_speed_model(workload, spec, calibration, effective_batch=eff)
     search = Search(workload, spec, config, limit, eff, speed.calibration, allow_precision_change,
                     tuple(checkpoint_modes), allow_optimizer_state_change=allow_optimizer_state_change)
-    structures, models = _memory_models(search)
-    configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
-    chosen, notes = _walk(search, configs, models)
-    finer = _finer_checkpointing(search, chosen) if chosen is not None else []
-    for candidate in finer:
-        if candidate.fits and chosen is not None and _speed_key(candidate, workload.channels_last) < _speed_key(
-                chosen, workload.channels_last):
-            chosen = candidate
-    notes = [speed.reason, *search.notes, *notes]
-    scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)] + finer
-    if chosen is None:
-        # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
-        # implementation and with every block checkpointed, before saying nothing fits
-        chosen, smallest = _smallest_exactly(search, structures)
+    with search.side_lane():
+        structures, models = _memory_models(search)
+        configs = [s.config(m, eff) for s in structures for m in divisors(eff)]
+        chosen, notes = _walk(search, configs, models)
+        finer = _finer_checkpointing(search, chosen) if chosen is not None else []
+        for candidate in finer:
+            if candidate.fits and chosen is not None and _speed_key(candidate, workload.channels_last) < _speed_key(
+                    chosen, workload.channels_last):
+                chosen = candidate
+        notes = [speed.reason, *search.notes, *notes]
+        scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)] + finer
         if chosen is None:
-            raise BudgetTooSmallError(
-                f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
-                f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
-                f"({smallest.config.label()}: the least of {len(search.estimates)} configurations estimated "
-                "exactly, micro-batch 1 and full checkpointing with every optimizer implementation among them). "
-                "Try a budget of at least "
-                f"{format_bytes(math.ceil(smallest.device_bytes / (1 - margin)))}, a larger GPU, "
-                + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32" else "")
-                + ("--allow-optimizer-state-change, " if not allow_optimizer_state_change and search.facts is not None
-                   and len(search.facts.optimizer_states) > 1 else "")
-                + "sharding across GPUs, or a smaller model or input."
-            )
-        notes.append(f"only {chosen.config.label()} fits, found by estimating the smallest configurations exactly")
+            # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
+            # implementation and with every block checkpointed, before saying nothing fits
+            chosen, smallest = _smallest_exactly(search, structures)
+            if chosen is None:
+                raise BudgetTooSmallError(
+                    f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
+                    f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
+                    f"({smallest.config.label()}: the least of {len(search.estimates)} configurations estimated "
+                    "exactly, micro-batch 1 and full checkpointing with every optimizer implementation among them). "
+                    "Try a budget of at least "
+                    f"{format_bytes(math.ceil(smallest.device_bytes / (1 - margin)))}, a larger GPU, "
+                    + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32"
+                       else "")
+                    + ("--allow-optimizer-state-change, " if not allow_optimizer_state_change
+                       and search.facts is not None and len(search.facts.optimizer_states) > 1 else "")
+                    + "sharding across GPUs, or a smaller model or input."
+                )
+            notes.append(f"only {chosen.config.label()} fits, found by estimating the smallest configurations exactly")
     if chosen.config.optimizer_state != workload.optimizer_state:
         notes.append({"8bit": "Adam's states are torchao's 8-bit ones (AdamW8bit): numerics change slightly",
                       "cpu_offload": "Adam runs on the CPU (torchao's CPUOffloadOptimizer): GPU memory for speed",
@@ -399,6 +441,7 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
                 structure = _Structure(precision, checkpoint, impl, search.workload.channels_last, loss,
                                        optimizer_state=state)
                 configs.append(structure.config(micro, eff))
+    search.guess(configs)
     found = [verified(search, c) for c in configs]
     smallest = min(found, key=lambda c: c.device_bytes)
     impls = ["default", *(facts.optimizer_impls if facts is not None else ())]
@@ -456,6 +499,7 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     for precision, channels_last, loss, state in itertools.product(precisions, formats, losses, states):
         base = _Structure(precision, (), opt if state == "full" else "default", channels_last, loss,
                           optimizer_state=state)
+        search.guess([base.config(b_mid, eff)])
         try:
             lo = search.estimate(base.config(b_lo, eff))
             mid = search.estimate(base.config(b_mid, eff))
@@ -476,7 +520,10 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
         models[base] = _MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
                                     mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
         structures.append(base)
-        for blocks in checkpoint_choices(mid.activations_by_module, facts.blocks):
+        choices = checkpoint_choices(mid.activations_by_module, facts.blocks)
+        search.guess([dataclasses.replace(base, checkpoint=blocks, checkpoint_mode=mode).config(b_mid, eff)
+                      for blocks in choices for mode in modes])
+        for blocks in choices:
             for mode in list(modes):
                 s = dataclasses.replace(base, checkpoint=blocks, checkpoint_mode=mode)
                 try:
@@ -649,7 +696,34 @@ def _walk(search: Search, configs: list[Config], models: dict[_Structure, _Memor
         if _floor_of(search, c) > search.limit_bytes:
             out.add(c)
             continue
-        search.estimate(_probe(search, models[_structure(c)[0]], c))
+        probe = _probe(search, models[_structure(c)[0]], c)
+        search.guess(_next_probes(search, pending, best, probe, models, out))
+        search.estimate(probe)
+
+
+LANE_GUESSES = 2
+"""How many estimates the walk guesses ahead for the lane: with two, this process makes the first while the lane
+traces the second (``TraceLane.guess`` starts from the last)."""
+
+
+def _next_probes(search: Search, pending: list[Candidate], best: Candidate, probe: Config,
+                 models: dict[_Structure, _MemoryModel], out: set[Config]) -> list[Config]:
+    """What the walk will probably estimate after ``probe``, in order, if ``probe`` fits: the micro-batches of its
+    structure above it up to ``best``'s that the memory line puts over the limit (each a probe in turn), then the
+    probes of the next-fastest candidates of other structures. At most ``LANE_GUESSES``."""
+    key, eff = _structure(probe), search.effective
+    model = models[_structure(best.config)[0]]
+    guesses = [dataclasses.replace(probe, micro_batch=m, accumulation_steps=eff // m) for m in divisors(eff)
+               if probe.micro_batch < m <= best.config.micro_batch and m != eff
+               and model.fits_in(m) + search.context_bytes > search.limit_bytes]
+    for c in sorted(pending, key=lambda c: _speed_key(c, search.workload.channels_last)):
+        if len(guesses) >= LANE_GUESSES:
+            break
+        if c is best or c.verified or c.config in out or _structure(c.config) == key \
+                or _floor_of(search, c.config) > search.limit_bytes:
+            continue
+        guesses.append(_probe(search, models[_structure(c.config)[0]], c.config))
+    return [g for g in dict.fromkeys(guesses) if g not in search.estimates][:LANE_GUESSES]
 
 
 def _frontier(candidates: list[Candidate]) -> list[Candidate]:

@@ -1,0 +1,91 @@
+"""How long ``plan()`` takes on this CPU, with its second lane of traces and without, and whether the plans agree.
+
+    python benchmarks/plan/planning_time.py --out benchmarks/results/plan/planning_time_cpu_<torch>_<date>.json
+
+For each workload of ``sweep_device.WORKLOADS`` (GPT-2, the 2-D U-Net, ViT-B/16, the 3-D U-Net: the issue's
+planner benchmark) and each of its four budgets, plans for the H200 with the roofline, once in a fresh process with
+the lane (``memfit.plan.lanes``) and once with ``MEMFIT_PLAN_PROCESSES=1``; the order alternates from workload to
+workload so that a drift of the machine does not favour one. Each record: seconds per budget, estimates, and the
+chosen configuration; ``same_plan`` compares everything the plan returns but its elapsed time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def plans_here(name: str) -> list[dict]:
+    """Plan every budget of ``name`` in this process (a fresh one: run by ``main`` through a subprocess)."""
+    sys.path.insert(0, str(HERE))
+    import sweep_device
+
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.plan.search import plan
+
+    _, _, effective, budgets = sweep_device.WORKLOADS[name]
+    workload = sweep_device._workload(name)
+    out = []
+    for gib in budgets:
+        started = time.perf_counter()
+        p = plan(workload, budget_bytes=int(gib * 2**30), effective_batch=effective, gpu=gpu_spec("h200"),
+                 calibration="roofline")
+        seconds = time.perf_counter() - started
+        record = p.to_dict()
+        record.pop("elapsed_s", None)
+        out.append({"budget_gib": gib, "seconds": round(seconds, 2), "estimates": p.estimates,
+                    "chosen": p.chosen.config.label(), "plan": record})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--workloads", default="gpt2,unet2d,vit_b16,unet3d")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: plan one workload, print JSON
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(plans_here(args.one)))
+        return
+    import torch
+
+    from memfit.plan.lanes import lane_is_useful
+
+    results = []
+    for i, name in enumerate(args.workloads.split(",")):
+        runs = {}
+        for mode in (("lane", "alone") if i % 2 == 0 else ("alone", "lane")):
+            env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+            if mode == "alone":
+                env["MEMFIT_PLAN_PROCESSES"] = "1"
+            done = subprocess.run([sys.executable, __file__, "--out", "-", "--one", name], env=env, check=True,
+                                  capture_output=True, text=True)
+            runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        for lane, alone in zip(runs["lane"], runs["alone"], strict=True):
+            row = {"workload": name, "budget_gib": lane["budget_gib"], "seconds_lane": lane["seconds"],
+                   "seconds_alone": alone["seconds"], "estimates": lane["estimates"], "chosen": lane["chosen"],
+                   "same_plan": lane["plan"] == alone["plan"]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    report = {"what": "plan() wall seconds on this CPU, H200 budgets, roofline speed model",
+              "cpus": cpus, "lane_used": lane_is_useful(), "processor": platform.processor() or platform.machine(),
+              "python": platform.python_version(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "rows": results}
+    out = Path(args.out)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(out)
+
+
+if __name__ == "__main__":
+    main()
