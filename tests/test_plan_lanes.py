@@ -72,7 +72,7 @@ def test_skip_keeps_made_keys_out_and_close_stops_a_running_child():
 
 def test_planning_one_lane_or_two_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch):
     if not lane_is_useful():
-        pytest.skip("one CPU here: plans never fork")
+        pytest.skip("no lane here (one CPU, or other threads): plans never fork")
     made: list[TraceLane] = []
 
     class Counted(TraceLane):
@@ -98,7 +98,7 @@ def test_a_trace_from_the_lane_is_replayed_with_the_allocator_its_configuration_
     """The lane estimates its trace without expandable segments; asked first for the expandable configuration,
     the search must replay the trace with them, not hand over the lane's estimate."""
     if not lane_is_useful():
-        pytest.skip("one CPU here: plans never fork")
+        pytest.skip("no lane here (one CPU, or other threads): plans never fork")
     from memfit.estimate.gpus import gpu_spec
     from memfit.plan.search import Search, _Structure
 
@@ -121,3 +121,29 @@ def test_a_trace_from_the_lane_is_replayed_with_the_allocator_its_configuration_
         alone = one.estimate(expandable)
     assert from_lane.fits_in_bytes == alone.fits_in_bytes and from_lane.peak_reserved_bytes == alone.peak_reserved_bytes
     assert alone.fits_in_bytes != one.estimate(plain).fits_in_bytes  # the allocator setting shows in the numbers
+
+
+def test_a_child_that_never_finishes_is_stopped_and_the_trace_made_here(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(lanes, "CHILD_TIMEOUT_S", 0.5)
+    with TraceLane(_double) as lane:
+        lane.guess([99], skip=lambda key: False)  # sleeps a minute
+        child = lane._child
+        assert child is not None
+        started = time.monotonic()
+        assert lane.take(99) is None
+        assert time.monotonic() - started < 30
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)
+
+
+def test_no_lane_in_a_process_with_other_threads():
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not lane_is_useful()
+    finally:
+        stop.set()
+        other.join()

@@ -100,9 +100,12 @@ def _progress(what: str) -> Iterator[None]:
         yield
         return
     import logging
+    import threading
 
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from memfit.plan.lanes import threads_kept_out
 
     console = Console(stderr=True)
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
@@ -121,8 +124,10 @@ def _progress(what: str) -> Iterator[None]:
     handler, level = _ToSpinner(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    before = set(threading.enumerate())
     try:
-        with bar:
+        # the spinner's refresh thread never touches what a planner's forked trace uses (memfit.plan.lanes)
+        with bar, threads_kept_out(set(threading.enumerate()) - before):
             yield
     finally:
         logger.removeHandler(handler)

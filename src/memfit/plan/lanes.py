@@ -15,8 +15,14 @@ warnings) is kept with the trace and given to this process's logging and warning
 guess that is thrown away says nothing. A child that fails for any reason hands back nothing, and the trace is made
 here, where its error is the user's to see.
 
-Used only where a fork is safe and pays: POSIX, two or more CPUs for this process, CUDA not initialised here (a
-forked child cannot use it; the planner's calibration may have). ``MEMFIT_PLAN_PROCESSES=1`` turns it off.
+Used only where a fork is safe and pays: POSIX, two or more CPUs for this process, no other Python thread (a
+fork copies no other thread, so a lock another thread held would stay locked in the child: a planner called from
+inside a training script with loader threads traces alone) but those declared harmless with ``threads_kept_out``
+(the CLI's spinner), CUDA not initialised here (a forked child cannot use it; the planner's calibration may have).
+The child writes to no stream this process had: its standard streams are /dev/null and every logger but its
+own recorder is silenced, so it takes none of those locks. A child that has not finished ``CHILD_TIMEOUT_S`` after
+it was asked for is stopped, the trace made here, and the lane closed for the rest of the plan.
+``MEMFIT_PLAN_PROCESSES=1`` turns the lane off.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
+import time
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -42,6 +50,24 @@ V = TypeVar("V")
 ENV_PROCESSES = "MEMFIT_PLAN_PROCESSES"
 """``1`` keeps every trace of a plan in this process."""
 
+CHILD_TIMEOUT_S = 120.0
+"""How long ``take`` waits for a child: above any trace the planner makes (the slowest seen, a torchvision
+detector's with its real CPU forward, 22-40 s on 2 cores), so it only ends a child that cannot finish."""
+
+_KEPT_OUT: set[int | None] = set()
+
+
+@contextlib.contextmanager
+def threads_kept_out(threads: Iterable[threading.Thread]) -> Iterator[None]:
+    """While the block runs, ``threads`` do not keep the lane from forking: they share no lock with a trace (the
+    CLI's spinner redraws the terminal, which a child never writes to)."""
+    idents = {t.ident for t in threads} - _KEPT_OUT
+    _KEPT_OUT.update(idents)
+    try:
+        yield
+    finally:
+        _KEPT_OUT.difference_update(idents)
+
 
 def lane_is_useful() -> bool:
     """Whether a forked second lane can run here and would have a CPU of its own."""
@@ -51,7 +77,8 @@ def lane_is_useful() -> bool:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS has no affinity call
         cpus = os.cpu_count() or 1
-    if cpus < 2:
+    others = {t.ident for t in threading.enumerate()} - {threading.main_thread().ident} - _KEPT_OUT
+    if cpus < 2 or others:
         return False
     torch = sys.modules.get("torch")
     # a child of a process that initialised CUDA cannot use it, and a trace may ask about the device
@@ -83,6 +110,7 @@ class TraceLane(Generic[K, V]):
         self._skip: Callable[[K], bool] = lambda key: False
         self._ready: dict[K, _Child] = {}
         self._count = 0
+        self._closed = False
         self.forked = 0
         """Children started (guesses made), for the tests and the plan's timing."""
         self.used = 0
@@ -121,10 +149,7 @@ class TraceLane(Generic[K, V]):
         """Stop a child still tracing, and remove the lane's files."""
         self._queue = []
         if self._child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._child.pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self._child.pid, 0)
+            self._stop(self._child)
             self._child = None
         self._ready.clear()
         for p in self._dir.iterdir():
@@ -139,19 +164,35 @@ class TraceLane(Generic[K, V]):
 
     # ------------------------------------------------------------------------------------------------ internals
 
+    @staticmethod
+    def _stop(child: _Child) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child.pid, 0)
+
     def _start_next(self) -> None:
         if self._child is not None:
             self._wait(self._child, block=False)
-        while self._child is None and self._queue:
+        while self._child is None and self._queue and not self._closed:
             key = self._queue.pop()
             if not self._skip(key) and key not in self._ready:
                 self._fork(key)
 
     def _wait(self, child: _Child, *, block: bool) -> None:
-        pid, status = os.waitpid(child.pid, 0 if block else os.WNOHANG)
-        if pid == 0:
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        pid, status = os.waitpid(child.pid, os.WNOHANG)
+        while pid == 0 and block and time.monotonic() < deadline:
+            time.sleep(0.002)
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
+        if pid == 0 and not block:
             return  # still tracing
         self._child = None
+        if pid == 0:  # past the deadline: stopped, made here, and no child again
+            self._stop(child)
+            self._ready[child.key] = child
+            self._closed = True
+            return
         if os.waitstatus_to_exitcode(status) == 0:
             # written by the child into this process's own private folder (mkdtemp: mode 0700)
             with contextlib.suppress(Exception):  # anything amiss: the trace is made here instead
@@ -185,6 +226,12 @@ def _child_main(make: Callable[[Any], Any], key: Any, path: Path) -> int:  # pra
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)  # nothing a guess prints reaches the terminal: what it logs goes back with the trace
         os.dup2(devnull, 2)
+        # new stream objects: the parent's may be locked by a thread the fork did not copy (the CLI's spinner)
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # never closed: the child ends with os._exit
+        for logger in [logging.root, *logging.Logger.manager.loggerDict.values()]:
+            if isinstance(logger, logging.Logger):
+                logger.handlers = []
+        logging.lastResort = None
         torch = sys.modules.get("torch")
         if torch is not None:
             # one thread: the other core is this process's parent's, and OpenMP's pool did not survive the fork
