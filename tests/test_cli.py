@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -184,6 +185,8 @@ def test_plan_json_is_the_plan():
         (("plan", "mlp", "--budget", "2GiB", "--margin", "0.7"), "--margin must be between 0 and 0.5"),
         (("plan", "mlp", "--budget", "2GiB", "--gpu", "tpu"), "unknown GPU 'tpu'"),
         (("plan", "mlp", "--budget", "2GiB", "--patch"), "mlp has no patch_size"),
+        pytest.param(("plan", "unet3d", "--budget", "8GB", "--patch", "--settle"), "there is no CUDA GPU here",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU to settle on")),
     ],
 )
 def test_plan_impossible_budget_or_bad_input_is_one_line_and_exit_2(args, message):  # noqa: ANN001

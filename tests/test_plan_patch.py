@@ -92,3 +92,50 @@ def test_a_larger_rung_ruled_out_only_by_the_bounds_margin_is_named(rungs):  # n
     # with the budget at the bound's need the larger rung is chosen, and nothing is said
     p = plan_patch(workload(), budget_bytes=math.ceil(needs[k] / (1 - DEFAULT_MARGIN)), allocator=ALLOCATOR)
     assert p.chosen.config.patch_size == ladder[k] and not any("may fit too" in n for n in p.notes)
+
+
+def _between_best_and_bound(rungs):  # noqa: ANN001, ANN202
+    """The first rung whose bound's margin is wider than the step to the rung below, and a limit between that
+    rung's best estimate and its bound: only the bound keeps it out."""
+    ladder, needs, search = rungs
+    best = [search.estimate(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32",
+                                   patch_size=r)).device_bytes for r in ladder]
+    k = next(i for i in range(len(ladder) - 1) if needs[i + 1] < (best[i] + needs[i]) // 2)
+    return k, (best[k] + needs[k]) // 2, best
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_a_rung_only_the_bound_keeps_out_is_settled_by_a_run_under_the_cap(rungs, runs: bool):  # noqa: ANN001
+    ladder, needs, search = rungs
+    k, limit, best = _between_best_and_bound(rungs)
+    asked: list[tuple[tuple[int, ...] | None, int]] = []
+
+    def settle(config: Config, cap_bytes: int) -> bool:
+        asked.append((config.patch_size, cap_bytes))
+        return runs
+
+    p = plan_patch(workload(), budget_bytes=math.ceil(limit / (1 - DEFAULT_MARGIN)), allocator=ALLOCATOR,
+                   settle=settle)
+    context = search.context_bytes
+    # asked only about rungs whose best estimate fits, the largest first, with the cap the plan's context leaves
+    assert asked and asked[0] == (ladder[k], limit - context)
+    assert all(best[ladder.index(patch)] <= limit for patch, _ in asked)
+    if runs:
+        assert p.chosen.config.patch_size == ladder[k] and p.chosen.fits
+        assert p.chosen.device_bytes == needs[k] > limit  # the bound is still what it is; the run let it in
+        assert any("ran under a cap" in n for n in p.notes)
+    else:
+        assert p.chosen.config.patch_size == ladder[k + 1]
+        assert any("ran out of memory under the cap" in n for n in p.notes)
+        assert not any("may fit too" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("rung", [1, 3])
+def test_settle_is_asked_only_where_the_best_estimate_fits_and_the_bound_does_not(rungs, rung: int):  # noqa: ANN001
+    ladder, needs, _ = rungs
+    _, _, best = _between_best_and_bound(rungs)
+    limit = needs[rung]
+    asked: list[int] = []
+    plan_patch(workload(), budget_bytes=math.ceil(limit / (1 - DEFAULT_MARGIN)), allocator=ALLOCATOR,
+               settle=lambda config, cap: asked.append(ladder.index(config.patch_size)) is None)
+    assert all(best[i] <= limit < needs[i] for i in asked), [(ladder[i], best[i], needs[i], limit) for i in asked]

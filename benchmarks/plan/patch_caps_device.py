@@ -12,6 +12,9 @@ larger rung ran out of memory: the largest patch that fits, not merely one that 
     python benchmarks/plan/patch_caps_device.py plan --out benchmarks/results/plan/patch_caps_predictions_cpu_<date>
     python benchmarks/plan/patch_caps_device.py run --predictions <that folder> --out $OUT     # on the GPU
 
+``plan --settle`` (on the GPU the trials run on) plans as ``memfit plan --patch`` does there: a rung that only the
+upper bound keeps out (its best estimate fits) is run under the cap first, and chosen if it ran.
+
 Networks: the built-in ``unet3d`` (nnU-Net's PlainConvUNet layout in memfit's own code, 4 modalities, 4 classes)
 and nnU-Net's ResEnc M (``dynamic_network_architectures.ResidualEncoderUNet``, 1 modality, 14 classes), both with
 deep supervision, fp16 + GradScaler and SGD nesterov, as nnU-Net trains them. The device has no
@@ -109,7 +112,22 @@ def _workload(network: str):  # noqa: ANN202
 # ------------------------------------------------------------------------------------------------ CPU
 
 
-def plan_network(network: str, gpu: str) -> dict:
+def _settle(network: str):  # noqa: ANN202 - a memfit.plan.patch.Settle
+    """``plan_patch``'s settle on this GPU: the rung's step under the cap in a fresh process, as ``_trial`` runs it."""
+    from memfit.estimate.measure import run_trial
+
+    def settle(config, cap_bytes: int) -> bool:  # noqa: ANN001
+        changes = {k: list(v) if isinstance(v, tuple) else v for k, v in config.changes().items()}
+        trial = run_trial(_spec(network), cap_bytes=cap_bytes, timeout_s=TRIAL_TIMEOUT_S,
+                          changes={**changes, "patch_multiple": list(MULTIPLE)})
+        print(f"  settle {network} {'x'.join(map(str, config.patch_size))} under {cap_bytes / 2**30:.2f} GiB: "
+              f"{'ran' if trial.ok else trial.error[:80]}", flush=True)
+        return trial.ok
+
+    return settle
+
+
+def plan_network(network: str, gpu: str, settle: bool = False) -> dict:
     from memfit.plan.patch import patch_ladder, plan_patch
 
     sys.path.insert(0, str(HERE))
@@ -120,7 +138,8 @@ def plan_network(network: str, gpu: str) -> dict:
     cells = []
     for gb in BUDGETS_GB:
         started = time.perf_counter()
-        p = plan_patch(w, budget_bytes=int(gb * 1e9), gpu=gpu, calibration=None)
+        p = plan_patch(w, budget_bytes=int(gb * 1e9), gpu=gpu, calibration=None,
+                       settle=_settle(network) if settle else None)
         chosen = p.chosen
         patch = tuple(chosen.config.patch_size)
         cells.append({
@@ -131,20 +150,20 @@ def plan_network(network: str, gpu: str) -> dict:
             "context_bytes": chosen.device_bytes - chosen.fits_in_bytes, "speed_model": p.speed_model,
             "estimated": [{"patch": list(c.config.patch_size), "device_upper_bytes": c.device_bytes, "fits": c.fits}
                           for c in p.frontier],
-            "estimates": p.estimates, "planning_s": time.perf_counter() - started,
+            "estimates": p.estimates, "planning_s": time.perf_counter() - started, "notes": p.notes,
         })
         print(f"{network} {gb} GB: patch {'x'.join(map(str, patch))} (rung {cells[-1]['rung']} of {len(ladder)}), "
               f"predicted {chosen.device_bytes / 2**30:.2f} GiB, {cells[-1]['planning_s']:.1f} s", flush=True)
     return {"network": network, "spec": _spec(network).rsplit("/", 1)[-1], "gpu": gpu, "median_shape": MEDIAN_SHAPE,
             "multiple": MULTIPLE, "batch": BATCH, "ladder": [list(r) for r in ladder], "cells": cells,
-            "provenance": _provenance("cpu")}
+            "settled_on_gpu": settle, "provenance": _provenance("gpu" if settle else "cpu")}
 
 
 def plan_stage(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for network in args.networks.split(","):
-        (out / f"{network}.json").write_text(json.dumps(plan_network(network, args.gpu), indent=1))
+        (out / f"{network}.json").write_text(json.dumps(plan_network(network, args.gpu, args.settle), indent=1))
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -277,9 +296,10 @@ def _verdicts(pred: dict, jobs: list[_Job]) -> dict:
             "larger": [{"rung": j.rung, "patch": list(j.patch), "voxels": math.prod(j.patch),
                         "voxels_vs_chosen": math.prod(j.patch) / cell["voxels"],
                         "trial": j.result} for j in larger],
-            "larger_tried": len(tried), "larger_ran": len(ran),
+            "larger_tried": len(tried), "larger_ran": len(ran), "plan_notes": cell.get("notes", []),
         })
     return {"network": pred["network"], "plans_gpu": pred["gpu"], "plans_provenance": pred.get("provenance"),
+            "settled_on_gpu": pred.get("settled_on_gpu", False),
             "median_shape": pred["median_shape"], "ladder_rungs": len(pred["ladder"]), "cells": cells}
 
 
@@ -290,6 +310,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--networks", default=",".join(NETWORKS))
     p.add_argument("--gpu", default="h100", help="the GPU the trials will run on (h100, h200)")
+    p.add_argument("--settle", action="store_true",
+                   help="on the GPU: rungs only the upper bound keeps out are run under the cap (plan_patch's settle)")
     p.set_defaults(func=plan_stage)
     r = sub.add_parser("run", help="the chosen patches and every larger rung under the caps, on the GPU")
     r.add_argument("--out", required=True)

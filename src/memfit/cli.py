@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NoReturn, Optional
 import typer
 
 if TYPE_CHECKING:
+    from memfit.estimate.gpus import GpuSpec
     from memfit.explain.explanation import Explanation
     from memfit.speed.model_choice import CalibrationChoice
 
@@ -355,6 +356,11 @@ def plan(
     margin: float = typer.Option(
         0.0, "--margin", help="Keep the predicted upper bound of device memory under budget × (1 - margin)."),
     patch: bool = typer.Option(False, "--patch", help="Search the input patch size (segmentation workloads)."),
+    settle: Optional[bool] = typer.Option(
+        None, "--settle/--no-settle",
+        help="With --patch: run a patch that only the upper bound keeps out (its best estimate fits) under the "
+        "budget's cap on this GPU, and take it if it runs (seconds each). Default: on when this machine has the "
+        "--gpu card."),
     calibrate: Optional[bool] = typer.Option(
         None, "--calibrate/--roofline",
         help="Speed model that ranks the configurations. Default: --calibrate when this machine has the --gpu card "
@@ -385,10 +391,11 @@ def plan(
 
             calibration = run_calibration(w)
         if patch:
-            from memfit.plan.patch import plan_patch
+            from memfit.plan.patch import plan_patch, trials_on_this_gpu
 
+            settled = trials_on_this_gpu(workload) if _settle_here(settle, spec) else None
             result = plan_patch(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=spec,
-                                margin=margin, calibration=calibration)
+                                margin=margin, calibration=calibration, settle=settled)
         else:
             from memfit.plan.search import plan as run_plan
 
@@ -413,6 +420,20 @@ def plan(
     render_plan(result, console)
     for path in written:
         console.print(f"wrote {path}")
+
+
+def _settle_here(asked: bool | None, planned: GpuSpec) -> bool:
+    """Whether the patch search may run rungs on this machine's GPU: asked for (and there is one), or by default
+    when it is the card planned for."""
+    from memfit.estimate.gpus import detect_gpu
+    from memfit.speed.model_choice import same_card
+
+    if asked is False:
+        return False
+    here = detect_gpu()
+    if asked and here is None:
+        _fail("--settle runs patches on this machine's GPU, and there is no CUDA GPU here. Drop --settle.")
+    return here is not None and (bool(asked) or same_card(planned, here))
 
 
 nnunet_app = typer.Typer(no_args_is_help=True, help="nnU-Net v2: plans whose patch and batch fit a memory budget.")

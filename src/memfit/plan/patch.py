@@ -22,6 +22,23 @@ from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
 from memfit.units import format_bytes
 from memfit.workload.spec import Workload
 
+Settle = Callable[[Config, int], bool]
+"""``settle(config, cap_bytes)``: does ``config``'s step run under an allocator cap of ``cap_bytes`` (bytes the
+caching allocator may reserve, the CUDA context not included) on the GPU the plan is for."""
+
+
+def trials_on_this_gpu(spec: str, *, timeout_s: float = 600) -> Settle:
+    """A ``settle`` that runs the workload ``spec`` (a built-in name or ``file.py[:name]``, as the CLI takes it)
+    with a configuration's changes in a fresh process under the cap: the protocol of ``memfit measure``, three
+    steps (``memfit.estimate.measure.run_trial``); it ran if no step ran out of memory."""
+    from memfit.estimate.measure import run_trial
+
+    def settle(config: Config, cap_bytes: int) -> bool:
+        changes = {k: list(v) if isinstance(v, tuple) else v for k, v in config.changes().items()}
+        return run_trial(spec, cap_bytes=cap_bytes, changes=changes, timeout_s=timeout_s).ok
+
+    return settle
+
 
 def patch_ladder(start: tuple[int, ...], multiple: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Patch sizes from ``start`` down, nnU-Net's way: each step shrinks the axis that is largest relative to
@@ -52,6 +69,7 @@ def plan_patch(
     margin: float = DEFAULT_MARGIN,
     calibration: CalibrationChoice = "roofline",
     min_batch: int = 2,
+    settle: Settle | None = None,
 ) -> Plan:
     """The largest input patch (on ``patch_ladder`` from ``workload.patch_size``) whose step fits the budget at
     a batch of at least ``min_batch``, as nnU-Net's planner picks it, but with the estimator instead of its proxy.
@@ -63,6 +81,11 @@ def plan_patch(
 
     Speed decides nothing here (the largest patch that fits is the answer), so ``calibration`` defaults to the
     roofline, which only annotates the candidates' step times; ``"auto"`` or a ``Calibration`` as for ``plan``.
+
+    "Fits" is decided with the upper bound. ``settle(config, cap_bytes)`` (on the GPU the plan is for: see
+    ``trials_on_this_gpu``) is asked about a rung only the bound keeps out, one whose best estimate fits: whether
+    its step runs under an allocator cap of the limit less the CUDA context the plan assumes. A rung that ran is
+    chosen like one whose bound fits, and the plan says so.
     """
     started = time.perf_counter()
     check_budget(budget_bytes, margin)
@@ -95,19 +118,34 @@ def plan_patch(
     # miss or ruled out so: the largest patch on the ladder that fits, whatever the line through the estimates
     # predicted.
     known: dict[int, Estimate] = {}
+    ran: dict[int, bool] = {}  # settle's verdicts: rungs only the bound keeps out, run under the cap
+
+    def fits(k: int) -> bool:
+        e = known[k]
+        if e.device_upper_bytes <= limit:
+            return True
+        if settle is None or e.device_bytes > limit:
+            return False
+        if k not in ran:
+            ran[k] = settle(at(ladder[k]), limit - (e.device_bytes - e.fits_in_bytes))
+        return ran[k]
+
+    def candidate(k: int) -> Candidate:
+        c = verified(search, at(ladder[k]))
+        return dataclasses.replace(c, fits=True) if ran.get(k) else c
+
     chosen: Candidate | None = None
     while True:
         out = max((k for k, e in known.items() if search.need_floor(at(ladder[k])) > limit), default=-1)
-        first = next((k for k in range(out + 1, len(ladder))
-                      if k not in known or known[k].device_upper_bytes <= limit), None)
+        first = next((k for k in range(out + 1, len(ladder)) if k not in known or fits(k)), None)
         if first is None:
             break
         if first in known:
-            chosen = verified(search, at(ladder[first]))
+            chosen = candidate(first)
             break
         k = _probe_rung(ladder, first, limit, known, lambda r: search.need_floor(at(r)))
         known[k] = search.estimate(at(ladder[k]))
-    scored = [verified(search, at(ladder[k])) for k in sorted(known)]
+    scored = [candidate(k) for k in sorted(known)]
     if chosen is None:
         smallest = min(search.estimates.values(), key=lambda e: e.device_upper_bytes)
         raise BudgetTooSmallError(
@@ -118,8 +156,17 @@ def plan_patch(
     notes = [speed.reason, f"largest patch on the ladder from {'×'.join(map(str, workload.patch_size))} that fits "
              f"at batch {batch}"]
     k = ladder.index(tuple(chosen.config.patch_size or ()))
+    if ran.get(k):
+        e = known[k]
+        notes.append(
+            f"its upper bound, {format_bytes(e.device_upper_bytes)}, is over the {format_bytes(limit)} allowed, but "
+            f"its step ran under a cap of {format_bytes(limit - (e.device_bytes - e.fits_in_bytes))} on this GPU "
+            f"(best estimate {format_bytes(e.device_bytes)})")
     above = known.get(k - 1)
-    if above is not None and above.device_bytes <= limit:
+    if above is not None and ran.get(k - 1) is False:
+        notes.append(f"the next larger patch, {'×'.join(map(str, ladder[k - 1]))}, ran out of memory under the cap "
+                     "on this GPU")
+    elif above is not None and above.device_bytes <= limit:
         # "fits" is decided with the upper bound; where only its margin rules the next rung out, say so
         notes.append(
             f"the next larger patch, {'×'.join(map(str, ladder[k - 1]))}, may fit too: its best estimate "

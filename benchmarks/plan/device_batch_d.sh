@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 12's device calls (H100), from the repository root, writing under $OUT; carry .whl (nnU-Net's networks).
+#   bash benchmarks/plan/device_batch_d.sh settle   # the patch search planned on the GPU (--settle), then its
+#                                                   # chosen patches and every larger rung under the caps
+#   bash benchmarks/plan/device_batch_d.sh tests    # the GPU tests
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/dynamic_network_architectures-*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
+python3 -c "import torch; print(torch.__version__)" >> "$OUT/card.txt"
+case "$1" in
+  settle)
+    timeout 300 python3 benchmarks/plan/patch_caps_device.py plan --settle --gpu h100 --out "$OUT/plans" \
+      > "$OUT/plan.log" 2>&1
+    tail -n 30 "$OUT/plan.log"
+    timeout 250 python3 benchmarks/plan/patch_caps_device.py run --predictions "$OUT/plans" --out "$OUT/patch" \
+      --deadline-s 180 > "$OUT/patch.log" 2>&1
+    tail -n 40 "$OUT/patch.log"
+    ;;
+  tests)
+    timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_plan.py tests/test_cudnn_rnn.py \
+       tests/test_estimate.py tests/test_trace.py tests/test_cuda_emulation.py tests/test_plan_patch.py \
+       > "$OUT/gpu_tests.log" 2>&1
+    tail -n 15 "$OUT/gpu_tests.log"
+    ;;
+esac
