@@ -193,6 +193,25 @@ def conv_head_half_rows() -> list[dict]:
     return rows
 
 
+def conv_3d_half_rows() -> list[dict]:
+    """Half-precision 3-D convolutions of a small U-Net (16-64 features, an input layer from 1-4 channels, stride-2
+    downsampling, transposed-convolution upsampling, a 1x1 head) at 48-128 per axis, batch 1-2, each backward call
+    also alone. A fit-side bf16 3-D U-Net (probe_cases.py, s1327_unet_r505: 16-128 features at 96³, batch 2) took a
+    127.8 MB block at its peak where the rule charged 84.9 MB, and the older grids' backward (both calls together)
+    came out 1.03-2.2 x the rule's one call."""
+    rows = []
+    layers = [(4, 16, 3, 1, False), (1, 16, 3, 1, False), (16, 16, 3, 1, False), (32, 16, 3, 1, False),
+              (16, 32, 3, 2, False), (32, 32, 3, 1, False), (64, 32, 3, 1, False), (32, 64, 3, 2, False),
+              (8, 8, 3, 1, False), (24, 24, 3, 1, False), (48, 48, 3, 1, False), (32, 16, 2, 2, True),
+              (64, 32, 2, 2, True), (16, 2, 1, 1, False)]
+    for (cin, cout, k, s, tr), dhw, n, dname in itertools.product(layers, (48, 64, 96, 128), (1, 2), ("bf16", "fp16")):
+        size = dhw // 2 if tr else dhw  # a transposed convolution upsamples to dhw
+        row = _conv_case(3, n, cin, cout, k, s, 1, tr, size, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True):  # noqa: ANN001, ANN202
     dtype = DTYPES[dname]
     try:
@@ -270,14 +289,15 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_odd_channels_half", "conv_patchify", "conv_head_half",
-                                                "lstm", "rnn"), help="measure one family only")
+                                                "conv_3d_half", "lstm", "rnn"), help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
     families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_narrow": conv_narrow_rows,
                 "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
                 "conv_pointwise_half": conv_pointwise_half_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
-                "conv_patchify": conv_patchify_rows, "conv_head_half": conv_head_half_rows, "lstm": lstm_rows,
+                "conv_patchify": conv_patchify_rows, "conv_head_half": conv_head_half_rows,
+                "conv_3d_half": conv_3d_half_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)

@@ -67,6 +67,9 @@ def conv_workspace_bytes(
     if _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
         return _pointwise_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=stride,
                                      backward=backward)
+    if _is_volume_head_half(weight_shape, groups=groups, transposed=transposed, half=half, stride=stride):
+        return _volume_head_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize,
+                                       backward=backward, fp16=fp16)
     if all(k == 1 for k in kernel) and (dims == 2 or not half):
         if backward and dims == 3 and not half and max(input_shape[2:]) > LARGE_3D_POINTWISE_FP32:
             # ... but not the backward of a large 3-D one in fp32: 1.03 x input + output at 160-224 per axis
@@ -123,6 +126,44 @@ def _patchify_forward_bytes(input_shape: Sequence[int], weight_shape: Sequence[i
     return 0
 
 
+# 3-D segmentation heads in half precision: a 1x1x1 convolution to a few classes, measured on 106 calls (16 -> 2,
+# 16 -> 3, 32 -> 2/3/5/14 at 48-128³, batch 1-4, bf16 and fp16, each backward call alone;
+# cudnn_calibration_conv_{head_half,3d_half}_h200_torch2.11_20261127.json). The data gradient took nothing on all of
+# them, and the forward nothing but in fp16 from 32 channels to 2-3 classes (the input and output converted, 18 of 18).
+# The filter gradient took the input and the output padded to 8 channels from 32 channels (56 of 72 within 4 MiB;
+# next to nothing on the other 16, batch 1 at 96³ and up, where the rule over-asks), that and 4 MiB from 16 channels
+# to 3 classes (18 of 18), and input and output twice over from 16 channels to 2 (16 of 16). The rule before charged
+# the padded input and output in forward and in each backward call: 41 MB short at the filter gradient of a fit-side
+# bf16 U-Net's 16 -> 2 head at 2 x 96³ (probe_cases.py, s1327_unet_r505, 4 % under in peak allocated).
+VOLUME_HEAD_MAX_CLASSES = 16
+"""Output channels up to which a 3-D half-precision 1x1 convolution is sized as a head (14 the most measured)."""
+VOLUME_HEAD_DOUBLE = (16, 2)
+"""Up to these input channels and classes the filter gradient converted input and output twice (16 -> 2)."""
+VOLUME_HEAD_FP16_FORWARD = (32, 3)
+"""From these input channels, up to these classes, fp16's forward converted the input and the output."""
+
+
+def _is_volume_head_half(weight_shape: Sequence[int], *, groups: int, transposed: bool, half: bool,
+                         stride: Sequence[int]) -> bool:
+    """A 3-D half-precision 1x1x1 stride-1 convolution to at most ``VOLUME_HEAD_MAX_CLASSES`` channels."""
+    return (half and groups == 1 and not transposed and tuple(weight_shape[2:]) == (1, 1, 1)
+            and all(s == 1 for s in stride) and weight_shape[0] <= VOLUME_HEAD_MAX_CLASSES)
+
+
+def _volume_head_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int], *,
+                            itemsize: int, backward: bool, fp16: bool) -> int:
+    """A 3-D half-precision head's workspace (``VOLUME_HEAD_*``): the filter gradient's, charged to both backward
+    calls (they run one after the other, so the peak sees the larger), or the forward's."""
+    cin, classes = input_shape[1], weight_shape[0]
+    io = _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize)
+    if not backward:
+        converts = fp16 and cin >= VOLUME_HEAD_FP16_FORWARD[0] and classes <= VOLUME_HEAD_FP16_FORWARD[1]
+        return io if converts else 0
+    if cin <= VOLUME_HEAD_DOUBLE[0] and classes <= VOLUME_HEAD_DOUBLE[1]:
+        return 2 * io
+    return _nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
+
+
 def _is_pointwise_half(weight_shape: Sequence[int], *, groups: int, transposed: bool, half: bool) -> bool:
     """A 2-D 1x1 half-precision convolution without groups: the calls ``_pointwise_half_bytes`` sizes."""
     return half and groups == 1 and not transposed and tuple(weight_shape[2:]) == (1, 1)
@@ -133,7 +174,13 @@ def conv_workspace_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
                                 transposed: bool, half: bool, backward: bool = False, fp16: bool = False) -> int:
     """Bytes one cuDNN convolution call may take beyond ``conv_workspace_bytes``, where cuDNN's choice was
     erratic on a calibration grid (``pointwise_half_unsure_bytes``); 0 elsewhere. Same arguments."""
-    if not backward or not _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
+    if not backward:
+        return 0
+    if _is_volume_head_half(weight_shape, groups=groups, transposed=transposed, half=half, stride=stride):
+        # 16 -> 3 took 4 MiB more than its rule, and the 2-D heads' choice was erratic: the 2-D heads' allowance
+        io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
+        return math.ceil(POINTWISE_HEAD_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
+    if not _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
         return 0
     return pointwise_half_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=stride)
 
