@@ -141,6 +141,11 @@ VOLUME_HEAD_DOUBLE = (16, 2)
 """Up to these input channels and classes the filter gradient converted input and output twice (16 -> 2)."""
 VOLUME_HEAD_FP16_FORWARD = (32, 3)
 """From these input channels, up to these classes, fp16's forward converted the input and the output."""
+VOLUME_HEAD_MEASURED_CIN, VOLUME_HEAD_MEASURED_NARROW = 32, (16, 3)
+"""The heads measured: from 32 channels (to 2-14 classes), and from 16 channels to at most 3. The bound adds only
+``VOLUME_HEAD_SLACK_BYTES`` to them, and to every other head the 2-D heads' erratic allowance."""
+VOLUME_HEAD_SLACK_BYTES = 12 << 20
+"""The bound's allowance for a measured head: 16 -> 3's 4 MiB beyond the rule and ``POINTWISE_ERRATIC_SLACK_BYTES``."""
 
 
 def _is_volume_head_half(weight_shape: Sequence[int], *, groups: int, transposed: bool, half: bool,
@@ -177,7 +182,11 @@ def conv_workspace_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
     if not backward:
         return 0
     if _is_volume_head_half(weight_shape, groups=groups, transposed=transposed, half=half, stride=stride):
-        # 16 -> 3 took 4 MiB more than its rule, and the 2-D heads' choice was erratic: the 2-D heads' allowance
+        cin, classes = input_shape[1], weight_shape[0]
+        narrow_cin, narrow_classes = VOLUME_HEAD_MEASURED_NARROW
+        if cin == VOLUME_HEAD_MEASURED_CIN or (cin == narrow_cin and classes <= narrow_classes):
+            return VOLUME_HEAD_SLACK_BYTES  # the grid's shapes: 16 -> 3 took 4 MiB more than the rule
+        # channel counts no grid measured: cuDNN might convert twice, as from 16 channels to 2 classes
         io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
         return math.ceil(POINTWISE_HEAD_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
     if not _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
