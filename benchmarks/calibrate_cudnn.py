@@ -212,6 +212,19 @@ def conv_3d_half_rows() -> list[dict]:
     return rows
 
 
+def conv_3d_head_half_rows() -> list[dict]:
+    """3-D half-precision segmentation heads over more channel and class counts than conv_head_half and
+    conv_3d_half measured (16 -> 2/3 and 32 -> 2/3/5/14): 8-64 channels to 2-16 classes at 64-128³, batch 1-2,
+    each backward call alone."""
+    rows = []
+    for cin, cout, dhw, n, dname in itertools.product((8, 16, 24, 48, 64), (2, 3, 4, 5, 8, 14, 16), (64, 96, 128),
+                                                       (1, 2), ("bf16", "fp16")):
+        row = _conv_case(3, n, cin, cout, 1, 1, 1, False, dhw, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True):  # noqa: ANN001, ANN202
     dtype = DTYPES[dname]
     try:
@@ -289,7 +302,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_odd_channels_half", "conv_patchify", "conv_head_half",
-                                                "conv_3d_half", "lstm", "rnn"), help="measure one family only")
+                                                "conv_3d_half", "conv_3d_head_half", "lstm", "rnn"),
+                        help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
@@ -297,7 +311,7 @@ def main() -> None:
                 "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
                 "conv_pointwise_half": conv_pointwise_half_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
                 "conv_patchify": conv_patchify_rows, "conv_head_half": conv_head_half_rows,
-                "conv_3d_half": conv_3d_half_rows, "lstm": lstm_rows,
+                "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)

@@ -356,17 +356,19 @@ def test_a_volume_input_layer_takes_no_forward_workspace_in_fp32_and_bf16():
 
 
 def test_volume_segmentation_heads_take_what_cudnn_took():
-    # 3-D 1x1x1 half-precision heads (16 -> 2/3, 32 -> 2...14 at 48-128³, batch 1-4): no data-gradient workspace;
-    # forward nothing but in fp16 from 32 channels to 2-3 classes; the filter gradient the input and the padded
-    # output, twice input + output from 16 channels to 2 classes (a fit-side U-Net's head was 41 MB short there)
+    # 3-D 1x1x1 half-precision heads (8-64 channels to 2-16 classes at 48-128³, batch 1-4): no data-gradient
+    # workspace; forward nothing but in fp16 from 32 channels to 2-3 classes; the filter gradient twice input + output
+    # below 32 channels with an even class count (a fit-side U-Net's 16 -> 2 head was 41 MB short there), else the
+    # input and the padded output; the bound covers every call
     from memfit.estimate.workspaces import conv_workspace_bytes, conv_workspace_unsure_bytes
 
     MiB = 1 << 20
     rows = [r for name in ("cudnn_calibration_conv_head_half_h200_torch2.11_20261127",
-                           "cudnn_calibration_conv_3d_half_h200_torch2.11_20261127")
+                           "cudnn_calibration_conv_3d_half_h200_torch2.11_20261127",
+                           "cudnn_calibration_conv_3d_head_half_h200_torch2.11_20261127")
             for r in _grid(name) if r["dims"] == 3 and r["k"] == 1]
-    assert len(rows) == 106
-    close = 0
+    assert len(rows) == 526
+    close, over, under = 0, 0, 0
     for r in rows:
         n, side, cin, cout = r["n"], r["size"], r["cin"], r["cout"]
         shapes = ((n, cin, side, side, side), (cout, cin, 1, 1, 1), (n, cout, side, side, side))
@@ -374,15 +376,25 @@ def test_volume_segmentation_heads_take_what_cudnn_took():
         assert abs(conv_workspace_bytes(*shapes, **call) - r["fwd_ws"]) <= MiB + 4096, r  # 1 MiB: fp16 32 -> 3 at 64³
         charged = conv_workspace_bytes(*shapes, **call, backward=True)
         taken = max(r["dgrad_ws"], r["wgrad_ws"])
+        assert r["dgrad_ws"] < MiB
         assert taken <= charged + conv_workspace_unsure_bytes(*shapes, **call, backward=True), r
-        close += abs(charged - taken) <= 4 * MiB + 4096
-        if not (n == 1 and cin == 32 and side >= 96):  # next to nothing there: the rule over-asks
-            assert abs(charged - taken) <= 4 * MiB + 4096, r
-    assert close == 90
-    # the bound: 12 MiB beyond the rule on the shapes measured, the 2-D heads' erratic allowance on the others
+        if abs(charged - taken) <= 4 * MiB + 4096:
+            close += 1
+        elif charged > taken:
+            over += 1
+            assert n == 1 and cin >= 32 and side >= 96, r  # next to nothing there: the rule over-asks
+        else:
+            under += 1
+            assert cin < 32 and cout % 2 == 1 and side == 64, r  # odd classes at 64³: sometimes twice over
+    assert (close, over, under) == (454, 72, 0)
+    # the bound: 12 MiB beyond the rule from 32-64 channels, the double conversion below, the 2-D heads' erratic
+    # allowance beyond 64 channels (none measured)
     call = dict(itemsize=2, stride=(1, 1, 1), groups=1, transposed=False, half=True, backward=True)
-    for cin, classes, measured in ((32, 14, True), (16, 2, True), (16, 5, False), (24, 4, False), (64, 3, False)):
+    for cin, classes in ((32, 14), (64, 3), (16, 2), (16, 5), (24, 3), (128, 3)):
         shapes = ((2, cin, 96, 96, 96), (classes, cin, 1, 1, 1), (2, classes, 96, 96, 96))
-        io = 2 * 96**3 * 2 * (cin + 8 * -(-classes // 8))
+        io = 2 * 96**3 * 2 * (cin + classes)
         allowance = conv_workspace_unsure_bytes(*shapes, **call)
-        assert allowance == 12 * MiB if measured else allowance > 2 * io, (cin, classes)
+        if 32 <= cin <= 64 or (cin < 32 and classes % 2 == 0):
+            assert allowance == 12 * MiB, (cin, classes)
+        else:
+            assert allowance >= 2 * io - conv_workspace_bytes(*shapes, **call), (cin, classes)
