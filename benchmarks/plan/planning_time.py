@@ -3,7 +3,8 @@
     python benchmarks/plan/planning_time.py --out benchmarks/results/plan/planning_time_cpu_<torch>_<date>.json
 
 For each workload of ``sweep_device.WORKLOADS`` (GPT-2, the 2-D U-Net, ViT-B/16, the 3-D U-Net: the issue's
-planner benchmark) and each of its four budgets, plans for the H200 with the roofline, once in a fresh process with
+planner benchmark) and each of its four budgets, and two budgets at the edge of what fits (``EDGE``), plans with
+the roofline, once in a fresh process with
 the lane (``memfit.plan.lanes``) and once with ``MEMFIT_PLAN_PROCESSES=1``; the order alternates from workload to
 workload so that a drift of the machine does not favour one. Each record: seconds per budget, estimates, and the
 chosen configuration; ``same_plan`` compares everything the plan returns but its elapsed time.
@@ -24,21 +25,37 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
+EDGE = {"resnet50@edge": ("resnet50", 64, (1.2,)), "vit_b16@edge": ("vit_b16", 64, (2.0,))}
+"""Budgets at the edge of what fits (the built-in workloads, H100 as ``memfit plan`` defaults): ResNet-50 where
+only micro-batch 1 fits, ViT-B/16 where nothing does; the costliest plans, every structure settled rung by rung."""
+
+
 def plans_here(name: str) -> list[dict]:
     """Plan every budget of ``name`` in this process (a fresh one: run by ``main`` through a subprocess)."""
     sys.path.insert(0, str(HERE))
     import sweep_device
 
+    from memfit.errors import BudgetTooSmallError
     from memfit.estimate.gpus import gpu_spec
     from memfit.plan.search import plan
+    from memfit.workload.zoo import builtin_workload
 
-    _, _, effective, budgets = sweep_device.WORKLOADS[name]
-    workload = sweep_device._workload(name)
+    if name in EDGE:
+        builtin, effective, budgets = EDGE[name]
+        workload, gpu = builtin_workload(builtin), gpu_spec(None)
+    else:
+        _, _, effective, budgets = sweep_device.WORKLOADS[name]
+        workload, gpu = sweep_device._workload(name), gpu_spec("h200")
     out = []
     for gib in budgets:
         started = time.perf_counter()
-        p = plan(workload, budget_bytes=int(gib * 2**30), effective_batch=effective, gpu=gpu_spec("h200"),
-                 calibration="roofline")
+        try:
+            p = plan(workload, budget_bytes=int(gib * 2**30), effective_batch=effective, gpu=gpu,
+                     calibration="roofline")
+        except BudgetTooSmallError as exc:
+            out.append({"budget_gib": gib, "seconds": round(time.perf_counter() - started, 2), "estimates": None,
+                        "chosen": None, "plan": str(exc)})
+            continue
         seconds = time.perf_counter() - started
         record = p.to_dict()
         record.pop("elapsed_s", None)
@@ -50,7 +67,7 @@ def plans_here(name: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--workloads", default="gpt2,unet2d,vit_b16,unet3d")
+    parser.add_argument("--workloads", default="gpt2,unet2d,vit_b16,unet3d,resnet50@edge,vit_b16@edge")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: plan one workload, print JSON
     args = parser.parse_args()
     if args.one:

@@ -708,14 +708,23 @@ traces the second (``TraceLane.guess`` starts from the last)."""
 
 def _next_probes(search: Search, pending: list[Candidate], best: Candidate, probe: Config,
                  models: dict[_Structure, _MemoryModel], out: set[Config]) -> list[Config]:
-    """What the walk will probably estimate after ``probe``, in order, if ``probe`` fits: the micro-batches of its
-    structure above it up to ``best``'s that the memory line puts over the limit (each a probe in turn), then the
-    probes of the next-fastest candidates of other structures. At most ``LANE_GUESSES``."""
+    """What the walk will probably estimate after ``probe``, in order: if ``probe`` is expected to fit, the
+    micro-batches of its structure above it up to ``best``'s that the memory line puts over the limit (each a probe
+    in turn); then the probes of the next-fastest candidates of other structures. At most ``LANE_GUESSES``.
+    ``probe`` is expected to fit unless two exact estimates of its structure below it, extended along their line,
+    put it over the limit (the memory line through micro-batch 1 and the middle is too coarse to tell)."""
     key, eff = _structure(probe), search.effective
     model = models[_structure(best.config)[0]]
     guesses = [dataclasses.replace(probe, micro_batch=m, accumulation_steps=eff // m) for m in divisors(eff)
                if probe.micro_batch < m <= best.config.micro_batch and m != eff
                and model.fits_in(m) + search.context_bytes > search.limit_bytes]
+    below = sorted((c.micro_batch, e.device_upper_bytes) for c, e in search.estimates.items()
+                   if _structure(c) == key and c.accumulation_steps > 1 and not c.expandable_segments
+                   and c.micro_batch < probe.micro_batch)
+    if len(below) >= 2:
+        (m0, b0), (m1, b1) = below[-2:]
+        if b1 + (b1 - b0) / (m1 - m0) * (probe.micro_batch - m1) > search.limit_bytes:
+            guesses = []  # the probe will likely miss: the walk moves on to another structure
     for c in sorted(pending, key=lambda c: _speed_key(c, search.workload.channels_last)):
         if len(guesses) >= LANE_GUESSES:
             break
