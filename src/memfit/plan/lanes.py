@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-__all__ = ["TraceLane", "lane_is_useful"]
+__all__ = ["CHILD_TIMEOUT_S", "ENV_PROCESSES", "TraceLane", "lane_is_useful", "threads_kept_out"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -164,7 +164,7 @@ def plan_patch(
             f"(best estimate {format_bytes(e.device_bytes)})")
     above = known.get(k - 1)
     if above is not None and ran.get(k - 1) is False:
-        notes.append(f"the next larger patch, {'×'.join(map(str, ladder[k - 1]))}, ran out of memory under the cap "
+        notes.append(f"the next larger patch, {'×'.join(map(str, ladder[k - 1]))}, did not run under the cap "
                      "on this GPU")
     elif above is not None and above.device_bytes <= limit:
         # "fits" is decided with the upper bound; where only its margin rules the next rung out, say so
