@@ -634,16 +634,29 @@ def _probe(search: Search, model: _MemoryModel, config: Config) -> Config:
     is larger. Without accumulation (no floor to use), or when the line says ``config`` fits: ``config`` itself."""
     if config.accumulation_steps == 1:
         return config
-    key = _structure(config)
-    same = {c.micro_batch: search.estimates[c] for c in search.estimates
-            if _structure(c) == key and c.accumulation_steps > 1 and not c.expandable_segments}
+    same = _exact_rungs(search, _structure(config))
     fit = max((m for m, e in same.items() if e.device_upper_bytes <= search.limit_bytes), default=0)
-    eff = search.effective
-    for m in divisors(eff):
-        if fit < m <= config.micro_batch and m != eff and m not in same \
-                and model.fits_in(m) + search.context_bytes > search.limit_bytes:
-            return dataclasses.replace(config, micro_batch=m, accumulation_steps=eff // m)
+    for m in _line_misses(search, model, fit, config.micro_batch):
+        if m not in same:
+            return _at_micro(config, m, search.effective)
     return config
+
+
+def _exact_rungs(search: Search, key: tuple[_Structure, tuple[int, ...] | None]) -> dict[int, Estimate]:
+    """The exact estimates of structure ``key`` with accumulation and without expandable segments, by micro-batch."""
+    return {c.micro_batch: e for c, e in search.estimates.items()
+            if _structure(c) == key and c.accumulation_steps > 1 and not c.expandable_segments}
+
+
+def _line_misses(search: Search, model: _MemoryModel, above: int, up_to: int) -> list[int]:
+    """The micro-batches in (``above``, ``up_to``], with accumulation, that the memory line puts over the limit."""
+    eff = search.effective
+    return [m for m in divisors(eff) if above < m <= up_to and m != eff
+            and model.fits_in(m) + search.context_bytes > search.limit_bytes]
+
+
+def _at_micro(config: Config, micro: int, effective: int) -> Config:
+    return dataclasses.replace(config, micro_batch=micro, accumulation_steps=effective // micro)
 
 
 LAYOUT_CHANGE_GAIN = 0.02
@@ -713,18 +726,15 @@ def _next_probes(search: Search, pending: list[Candidate], best: Candidate, prob
     in turn); then the probes of the next-fastest candidates of other structures. At most ``LANE_GUESSES``.
     ``probe`` is expected to fit unless two exact estimates of its structure below it, extended along their line,
     put it over the limit (the memory line through micro-batch 1 and the middle is too coarse to tell)."""
-    key, eff = _structure(probe), search.effective
-    model = models[_structure(best.config)[0]]
-    guesses = [dataclasses.replace(probe, micro_batch=m, accumulation_steps=eff // m) for m in divisors(eff)
-               if probe.micro_batch < m <= best.config.micro_batch and m != eff
-               and model.fits_in(m) + search.context_bytes > search.limit_bytes]
-    below = sorted((c.micro_batch, e.device_upper_bytes) for c, e in search.estimates.items()
-                   if _structure(c) == key and c.accumulation_steps > 1 and not c.expandable_segments
-                   and c.micro_batch < probe.micro_batch)
+    key = _structure(probe)
+    below = sorted((m, e.device_upper_bytes) for m, e in _exact_rungs(search, key).items() if m < probe.micro_batch)
+    expected_to_fit = True  # else the walk moves on to another structure after it
     if len(below) >= 2:
         (m0, b0), (m1, b1) = below[-2:]
-        if b1 + (b1 - b0) / (m1 - m0) * (probe.micro_batch - m1) > search.limit_bytes:
-            guesses = []  # the probe will likely miss: the walk moves on to another structure
+        expected_to_fit = b1 + (b1 - b0) / (m1 - m0) * (probe.micro_batch - m1) <= search.limit_bytes
+    model = models[_structure(best.config)[0]]
+    guesses = [_at_micro(probe, m, search.effective) for m in _line_misses(
+        search, model, probe.micro_batch, best.config.micro_batch)] if expected_to_fit else []
     for c in sorted(pending, key=lambda c: _speed_key(c, search.workload.channels_last)):
         if len(guesses) >= LANE_GUESSES:
             break
