@@ -179,8 +179,7 @@ def _volume_head_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Seq
     """What the bound adds to a 3-D half-precision head's filter gradient (``VOLUME_HEAD_MEASURED_CIN``)."""
     cin = input_shape[1]
     if cin > VOLUME_HEAD_MEASURED_CIN:  # channel counts no grid measured: the 2-D heads' erratic allowance
-        io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
-        return math.ceil(POINTWISE_HEAD_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
+        return _erratic_allowance(input_shape, output_shape, itemsize, POINTWISE_HEAD_ERRATIC_FACTOR)
     if cin >= VOLUME_HEAD_NARROW_CIN:
         return VOLUME_HEAD_SLACK_BYTES
     if math.prod(input_shape[2:]) > VOLUME_HEAD_ODD_TWICE_MAX_VOXELS:
@@ -300,13 +299,18 @@ def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
     n, cin, cout = input_shape[0], input_shape[1], weight_shape[0]
     if (cout <= POINTWISE_NARROW_CIN and cin <= POINTWISE_HEAD_MAX_CIN and n <= POINTWISE_HEAD_BATCH
             and all(s == 1 for s in stride) and math.prod(input_shape[2:]) >= POINTWISE_MIN_PIXELS):
-        io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
-        return math.ceil(POINTWISE_HEAD_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
+        return _erratic_allowance(input_shape, output_shape, itemsize, POINTWISE_HEAD_ERRATIC_FACTOR)
     if (any(s > 1 for s in stride) or n > POINTWISE_ERRATIC_BATCH or (cin % 32 == 0 and cout % 32 == 0)
             or min(cin, cout) <= POINTWISE_NARROW_CIN or math.prod(input_shape[2:]) < POINTWISE_MIN_PIXELS):
         return 0  # other narrow layers (24 -> 144) kept to the rule on the first grid
+    return _erratic_allowance(input_shape, output_shape, itemsize, POINTWISE_ERRATIC_FACTOR)
+
+
+def _erratic_allowance(input_shape: Sequence[int], output_shape: Sequence[int], itemsize: int, factor: float) -> int:
+    """What the bound adds where cuDNN's choice was erratic: ``factor`` x the padded input and output (the
+    conversion block's size) and ``POINTWISE_ERRATIC_SLACK_BYTES``."""
     io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
-    return math.ceil(POINTWISE_ERRATIC_FACTOR * io) + POINTWISE_ERRATIC_SLACK_BYTES
+    return math.ceil(factor * io) + POINTWISE_ERRATIC_SLACK_BYTES
 
 
 def _padded_nbytes(shape: Sequence[int], itemsize: int) -> int:
