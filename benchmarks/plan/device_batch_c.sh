@@ -4,9 +4,7 @@
 #   bash benchmarks/plan/device_batch_c.sh sweep MODELS # the plan sweep of MODELS (comma-separated), alone: it times
 #   bash benchmarks/plan/device_batch_c.sh round3 MODELS # fit-half allocator traces ∥ patch search (r3), then the sweep
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/dynamic_network_architectures-*.whl
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+. benchmarks/estimate/_site.sh  # the carried wheels (nnU-Net's networks) into /tmp/site, PYTHONPATH
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
 python3 -c "import torch; print(torch.__version__)" >> "$OUT/card.txt"
 case "$1" in

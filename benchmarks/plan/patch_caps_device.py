@@ -113,16 +113,13 @@ def _workload(network: str):  # noqa: ANN202
 
 
 def _settle(network: str):  # noqa: ANN202 - a memfit.plan.patch.Settle
-    """``plan_patch``'s settle on this GPU: the rung's step under the cap in a fresh process, as ``_trial`` runs it."""
-    from memfit.estimate.measure import run_trial
-
+    """``plan_patch``'s settle on this GPU: the rung's step under the cap in a fresh process, as the run stage's
+    trials run it (``_run_under_cap``)."""
     def settle(config, cap_bytes: int) -> bool:  # noqa: ANN001
-        changes = {k: list(v) if isinstance(v, tuple) else v for k, v in config.changes().items()}
-        trial = run_trial(_spec(network), cap_bytes=cap_bytes, timeout_s=TRIAL_TIMEOUT_S,
-                          changes={**changes, "patch_multiple": list(MULTIPLE)})
+        result = _run_under_cap(network, tuple(config.patch_size), cap_bytes)
         print(f"  settle {network} {'x'.join(map(str, config.patch_size))} under {cap_bytes / 2**30:.2f} GiB: "
-              f"{'ran' if trial.ok else trial.error[:80]}", flush=True)
-        return trial.ok
+              f"{'ran' if result['ok'] else result['error'][:80]}", flush=True)
+        return bool(result["ok"])
 
     return settle
 
@@ -203,16 +200,20 @@ def _trial(job: _Job, dry_run: dict | None) -> dict:
         return {"ok": ok, "cap_bytes": job.cap_bytes, "peak_allocated_bytes": min(need, job.cap_bytes),
                 "peak_reserved_bytes": 0, "outside_allocator_bytes": 0, "num_alloc_retries": 0, "elapsed_s": 0.0,
                 "error": "" if ok else "stand-in: out of memory"}
+    return _run_under_cap(job.network, job.patch, job.cap_bytes)
+
+
+def _run_under_cap(network: str, patch: tuple[int, ...], cap_bytes: int) -> dict:
+    """The protocol of ``network`` at ``patch`` and batch ``BATCH`` under ``cap_bytes``, in a fresh process."""
     import subprocess
 
     from memfit.estimate.measure import run_trial
 
     try:
-        trial = run_trial(_spec(job.network), cap_bytes=job.cap_bytes, timeout_s=TRIAL_TIMEOUT_S,
-                          changes={"patch_size": list(job.patch), "patch_multiple": list(MULTIPLE),
-                                   "batch_size": BATCH})
+        trial = run_trial(_spec(network), cap_bytes=cap_bytes, timeout_s=TRIAL_TIMEOUT_S,
+                          changes={"patch_size": list(patch), "patch_multiple": list(MULTIPLE), "batch_size": BATCH})
     except subprocess.TimeoutExpired:  # a verdict of neither kind: the cell says inconclusive
-        return {"ok": False, "cap_bytes": job.cap_bytes, "error": f"no result in {TRIAL_TIMEOUT_S} s"}
+        return {"ok": False, "cap_bytes": cap_bytes, "error": f"no result in {TRIAL_TIMEOUT_S} s"}
     return dataclasses.asdict(trial)
 
 
