@@ -112,11 +112,21 @@ def _loss_of_the_positive_outputs(out: torch.Tensor, batch: tuple[torch.Tensor])
     return out[out[:, 0] > 0].square().mean()  # the model's own values decide the size
 
 
-def test_sizes_from_the_models_values_come_from_one_real_forward():
+def test_sizes_from_the_models_values_come_from_one_real_forward(monkeypatch):  # noqa: ANN001
     torch.manual_seed(1)
     w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
                  loss=_loss_of_the_positive_outputs, optimizer=_sgd, batch_size=512)
+    attempts = []
+    trace_steps = trace_module._trace_steps
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        attempts.append((kwargs.get("batch_values", False), kwargs.get("real_forward") is not None))
+        return trace_steps(*args, **kwargs)
+
+    monkeypatch.setattr(trace_module, "_trace_steps", counted)
     trace = trace_workload(w, GPU)
+    # the mask is made from the model's outputs: the batch's values cannot size it, so that trace is not tried
+    assert attempts == [(False, False), (True, True)]
     assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
     rows = {a.shape[0] for a in trace.allocs if a.op == "index"}
     assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512  # about half the outputs are positive
@@ -147,3 +157,70 @@ def test_a_real_forward_is_used_only_where_the_same_op_gets_the_same_shapes(shap
     args = (torch.ones(5 if shapes_differ else 4, dtype=torch.bool),)
     assert (forward.lookup(0, "nonzero", args) is None) == shapes_differ
     assert forward.lookup(0, "masked_select", args) is None and forward.lookup(1, "nonzero", args) is None
+
+
+def _stand_in_and_real(func, args):  # noqa: ANN001, ANN202
+    from memfit.estimate.data_dependent import ProductStandIns
+
+    name = func.__name__.split(".")[0]
+    return ProductStandIns()(func, name, args, {}), func(*args)
+
+
+@pytest.mark.parametrize("case", ["addmm", "mm", "convolution", "batch_norm"])
+def test_the_real_forward_stands_in_for_large_products_with_noise_of_their_scale(case: str) -> None:
+    torch.manual_seed(0)
+    aten = torch.ops.aten
+    if case in ("addmm", "mm"):
+        x, w, b = torch.rand(512, 1024), torch.randn(1024, 768) * 0.02, torch.randn(768)
+        args = (b, x, w) if case == "addmm" else (x, w)
+        stood, real = _stand_in_and_real(aten.addmm.default if case == "addmm" else aten.mm.default, args)
+        channel_mean = stood.mean(0)
+        bias = b if case == "addmm" else torch.zeros(768)
+    elif case == "convolution":
+        x, w, b = torch.relu(torch.randn(4, 64, 64, 64)), torch.randn(128, 64, 3, 3) * 0.05, torch.randn(128)
+        stood, real = _stand_in_and_real(aten.convolution.default, (x, w, b, [2, 2], [1, 1], [1, 1], False, [0, 0], 1))
+        channel_mean, bias = stood.mean((0, 2, 3)), b
+    else:
+        x, w, b = torch.randn(4, 32, 96, 96) * 3 + 1, torch.rand(32) + 0.5, torch.randn(32)
+        stood, real = _stand_in_and_real(aten.native_batch_norm.default, (x, w, b, None, None, True, 0.1, 1e-5))
+        assert [t.shape for t in stood] == [t.shape for t in real]
+        stood, real = stood[0], real[0]
+        channel_mean, bias = stood.mean((0, 2, 3)), b
+    assert stood.shape == real.shape and stood.dtype == real.dtype
+    # the scale of what the product gives (about the input and weights' statistics), and the bias per channel
+    assert float(stood.std()) == pytest.approx(float(real.std()), rel=0.1)
+    samples = stood.numel() // bias.numel()  # per channel: its mean is within 5 standard errors of the bias
+    assert torch.allclose(channel_mean, bias, atol=5 * float(real.std()) / samples**0.5)
+    assert not torch.allclose(stood, real, atol=0.1 * float(real.std()))  # not computed: noise
+
+
+def test_small_products_and_eval_batch_norms_compute():
+    from memfit.estimate.data_dependent import ProductStandIns
+
+    stand_ins, aten = ProductStandIns(), torch.ops.aten
+    assert stand_ins(aten.mm.default, "mm", (torch.randn(64, 64), torch.randn(64, 64)), {}) is None
+    x = torch.randn(4, 32, 64, 64)
+    eval_norm = (x, None, None, torch.zeros(32), torch.ones(32), False, 0.1, 1e-5)
+    assert stand_ins(aten.native_batch_norm.default, "native_batch_norm", eval_norm, {}) is None
+    assert stand_ins(aten.relu.default, "relu", (x,), {}) is None
+
+
+def test_a_real_forward_with_stood_in_products_sizes_a_mask_as_the_computed_one_does(monkeypatch):  # noqa: ANN001
+    from memfit.estimate import data_dependent
+
+    calls = []
+    stand_in = data_dependent.ProductStandIns.__call__
+
+    def counted(self, func, name, args, kwargs):  # noqa: ANN001, ANN202
+        out = stand_in(self, func, name, args, kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(data_dependent.ProductStandIns, "__call__", counted)
+    w = Workload(model=lambda: torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 64)),
+                 batch=lambda n: (torch.randn(n, 1024),), loss=_loss_of_the_positive_outputs, optimizer=_sgd,
+                 batch_size=512)
+    forward = trace_module._real_forward(w, GPU)
+    assert calls.count(True) == 1  # the 512 × 1024 × 1024 product; the 1024 → 64 one (34 M) computes
+    (kept,) = [r for r in forward.returned if r.name == "index"]
+    assert 0.3 * 512 < kept.shapes[0][0] and 0.3 * 512 < kept.outputs[0].shape[0] < 0.7 * 512
