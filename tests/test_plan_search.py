@@ -31,6 +31,7 @@ from memfit.plan.search import (
     _MemoryModel,
     _speed_key,
     _Structure,
+    _structure,
     divisors,
     plan,
 )
@@ -167,17 +168,43 @@ def test_nothing_fits_only_after_the_smallest_of_every_structure_was_estimated(g
 
 
 def test_need_floor_is_below_every_larger_configurations_exact_need(grid: Grid):
-    """The bound the walk rules configurations out with never exceeds what their exact estimate says."""
+    """The bound the walk rules configurations out with never exceeds what their exact estimate says, for the
+    configurations it rules out: the same structure (``_floor_of``) at a micro-batch at least as large."""
     pairs = 0
     for a in grid.configs:
         for b in grid.configs:
-            same = (a.checkpoint, a.channels_last) == (b.checkpoint, b.channels_last)
-            if same and 1 < b.accumulation_steps <= a.accumulation_steps:
+            if _structure(a) == _structure(b) and 1 < b.accumulation_steps <= a.accumulation_steps:
                 for variant in (b, dataclasses.replace(b, expandable_segments=True)):
-                    assert grid.search.need_floor(a) <= grid.need(variant)
+                    floor = grid.search.need_floor(a)
+                    assert floor <= grid.need(variant)
+                    # without the CUDA context (the same cuBLAS use: the same ops): the part that scales with the step
+                    context = grid.search.gpu.context_bytes(grid.search.traces[a].uses_cublas)
+                    assert floor - context <= grid.search.estimate(variant).fits_in_upper_bytes
                 pairs += 1
     assert pairs > 10
 
+
+
+def test_need_floor_is_the_required_peak_widened_by_the_bounds_margin_plus_the_least_context():
+    """Worked by hand: 100 MiB and 60 MiB alive together (a 500 MiB optional workspace does not count, and a block
+    freed before them neither), so the peak is 160 MiB; the floor is 160 MiB × (1 + BASE_MARGIN) + the context,
+    with cuBLAS's handles where the step calls cuBLAS."""
+    from memfit.estimate.bound import BASE_MARGIN
+    from memfit.estimate.trace import Alloc, Trace
+
+    MiB = 1 << 20
+    sizes = [(40 * MiB, False), (100 * MiB, False), (500 * MiB, True), (60 * MiB, False)]
+    trace = Trace(allocs=[Alloc(n, "op", "", "forward", 0, (), "uint8", "activations", optional=o) for n, o in sizes])
+    for op, key in [(1, 0), (-1, 0), (1, 1), (1, 2), (-1, 2), (1, 3), (-1, 3), (-1, 1)]:
+        trace.ops.append(op)
+        trace.keys.append(key)
+    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
+    config = _Structure("fp32").config(1, EFF)
+    search.traces[config] = trace
+    assert search.need_floor(config) == int(160 * MiB * (1 + BASE_MARGIN)) + gpu_spec("h100").context_bytes(False)
+    calls_cublas = _Structure("fp32", optimizer_impl="fused").config(1, EFF)  # the same stream, with cuBLAS's handles
+    search.traces[calls_cublas] = dataclasses.replace(trace, uses_cublas=True)
+    assert search.need_floor(calls_cublas) - search.need_floor(config) == gpu_spec("h100").cublas_context_bytes
 
 # ------------------------------------------------------------------------------------ margin, fragmentation
 
