@@ -6,6 +6,7 @@ budget the plan must be the first rung from the top that fits, and every rung wi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -64,8 +65,14 @@ def test_the_plan_is_the_largest_rung_that_fits_and_no_larger_rung_fits(rungs, q
 def test_floors_along_the_ladder_stay_below_every_larger_rungs_need(rungs):  # noqa: ANN001
     ladder, needs, search = rungs
     for j, r in enumerate(ladder):
-        floor = search.need_floor(Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32", patch_size=r))
-        assert all(floor <= needs[i] for i in range(j))
+        config = Config(micro_batch=BATCH, accumulation_steps=1, precision="fp32", patch_size=r)
+        floor = search.need_floor(config)
+        assert all(floor <= needs[i] for i in range(j + 1))
+        # the floor a settling search uses holds for the best estimates, which it may take
+        best_floor = search.need_floor(config, bound=False)
+        assert best_floor <= floor
+        assert all(best_floor <= search.estimate(dataclasses.replace(config, patch_size=ladder[i])).device_bytes
+                   for i in range(j + 1))
 
 
 def test_no_patch_fits_after_the_smallest_was_estimated(rungs):  # noqa: ANN001

@@ -134,16 +134,20 @@ def plan_patch(
         c = verified(search, at(ladder[k]))
         return dataclasses.replace(c, fits=True) if ran.get(k) else c
 
+    def floor(patch: tuple[int, ...]) -> int:
+        # settling takes a rung whose best estimate fits: the floor must then hold for best estimates too
+        return search.need_floor(at(patch), bound=settle is None)
+
     chosen: Candidate | None = None
     while True:
-        out = max((k for k, e in known.items() if search.need_floor(at(ladder[k])) > limit), default=-1)
+        out = max((k for k, e in known.items() if floor(ladder[k]) > limit), default=-1)
         first = next((k for k in range(out + 1, len(ladder)) if k not in known or fits(k)), None)
         if first is None:
             break
         if first in known:
             chosen = candidate(first)
             break
-        k = _probe_rung(ladder, first, limit, known, lambda r: search.need_floor(at(r)))
+        k = _probe_rung(ladder, first, limit, known, floor)
         known[k] = search.estimate(at(ladder[k]))
     scored = [candidate(k) for k in sorted(known)]
     if chosen is None:

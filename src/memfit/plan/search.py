@@ -113,7 +113,7 @@ class Search:
         self.traces: dict[Config, Any] = {}
         self.runs = 0
         self._times: dict[tuple[Any, ...], float] = {}
-        self._floors: dict[int, int] = {}  # by id() of the trace, which self.traces keeps alive
+        self._floors: dict[int, int] = {}  # required peaks, by id() of the trace, which self.traces keeps alive
         self.facts: ModelFacts | None = None
         """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
         self.notes: list[str] = []
@@ -171,7 +171,7 @@ class Search:
             self.context_bytes = est.device_bytes - est.fits_in_bytes
         return self.estimates[config]
 
-    def need_floor(self, config: Config) -> int:
+    def need_floor(self, config: Config, *, bound: bool = True) -> int:
         """A number no exact estimate of a configuration of the same structure whose every tensor is at least as
         large as ``config``'s can come in under, with or without expandable segments: the least
         ``device_upper_bytes`` such a configuration can have. ``config`` must have been estimated.
@@ -187,6 +187,10 @@ class Search:
         (no branch on ``x.shape[0]``); another structure (a checkpoint mode, a precision) runs other ops and is not
         compared. With the least context and the peak unwidened instead, ResNet-50's plan at 1.2 GiB (effective
         batch 64), where only micro-batch 1 fits, settled every structure rung by rung: 59 traces.
+
+        ``bound=False``: a floor for the best estimate (``device_bytes``) instead, for a search that may take a
+        configuration whose best estimate fits (``plan_patch`` settling rungs on the GPU): the peak unwidened, as
+        ``fits_in`` is the replayed cap widened by less than the bound's margin.
         """
         trace = self.traces[dataclasses.replace(config, expandable_segments=False)]
         if id(trace) not in self._floors:
@@ -198,8 +202,9 @@ class Search:
                     peak = max(peak, live)
                 elif op < 0:
                     live -= sizes.pop(key, 0)
-            self._floors[id(trace)] = int(peak * (1 + BASE_MARGIN)) + self.gpu.context_bytes(trace.uses_cublas)
-        return self._floors[id(trace)]
+            self._floors[id(trace)] = peak
+        peak = self._floors[id(trace)]
+        return (int(peak * (1 + BASE_MARGIN)) if bound else peak) + self.gpu.context_bytes(trace.uses_cublas)
 
     def step_time(self, config: Config) -> float | None:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
