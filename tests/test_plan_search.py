@@ -26,6 +26,7 @@ from memfit.plan.search import (
     LAYOUT_CHANGE_GAIN,
     Search,
     _cost_at,
+    _expandable_floor,
     _frontier,
     _memory_models,
     _MemoryModel,
@@ -183,6 +184,17 @@ def test_need_floor_is_below_every_larger_configurations_exact_need(grid: Grid):
                 pairs += 1
     assert pairs > 10
 
+
+
+def test_the_expandable_retry_is_skipped_only_where_its_exact_estimate_misses_too(grid: Grid):
+    """The walk retries a miss with expandable segments unless ``_expandable_floor`` (its own reasons' widths on
+    the required peak) is over the limit: that floor is never above the expandable estimate's need."""
+    reasons = 0
+    for c in grid.configs:
+        floor = _expandable_floor(grid.search, c)
+        assert grid.search.need_floor(c) <= floor <= grid.need(dataclasses.replace(c, expandable_segments=True))
+        reasons += bool(grid.search.estimate(c).uncertainty)
+    assert reasons  # the grid has configurations whose reasons widen it (reentrant checkpointing)
 
 
 def test_need_floor_is_the_required_peak_widened_by_the_bounds_margin_plus_the_least_context():

@@ -233,9 +233,10 @@ class ProductStandIns:
     mean 0 — fan-in × mean(w²) × mean(x²), as randomly initialised layers are and trained ones are near — plus
     the layer's bias; a training batch norm's is noise of its per-channel mean β and standard deviation γ, which
     is what it makes of any input. The noise is spatially white where real features are smooth: NMS keeps more
-    boxes, never fewer in the zoo's detectors, which is the side a memory estimate may err on. On the 2-core CPU
-    this cut the real forward of torchvision's Faster R-CNN ResNet-50 FPN (4 images of 800²) from 31 s of process
-    time to a few (benchmarks/results/estimate/detection_stand_ins_cpu_*).
+    boxes in all (16-18 % more on the zoo's three R-CNNs, their estimates within 0.03 % allocated:
+    benchmarks/results/estimate/real_forward_sizes_cpu_torch2.14_20261127.json), the side a memory estimate may err
+    on. With the forward run without autograd, it cut the estimate of torchvision's Faster R-CNN ResNet-50 FPN (4
+    images of 800²) on the 2-core CPU from 13.9 to 7.2 s (detection_stand_ins_cpu_torch2.14_20261127.md).
     """
 
     def __init__(self) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from memfit.errors import BudgetTooSmallError, MemfitError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
-from memfit.estimate.bound import BASE_MARGIN
+from memfit.estimate.bound import BASE_MARGIN, BASE_SLACK_BYTES
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
@@ -193,6 +193,13 @@ class Search:
         ``fits_in`` is the replayed cap widened by less than the bound's margin.
         """
         trace = self.traces[dataclasses.replace(config, expandable_segments=False)]
+        peak = self.required_peak(config)
+        return (int(peak * (1 + BASE_MARGIN)) if bound else peak) + self.gpu.context_bytes(trace.uses_cublas)
+
+    def required_peak(self, config: Config) -> int:
+        """The peak of the bytes ``config``'s required allocations (not the optional workspaces) ask for and keep
+        alive, unrounded: what no allocator can serve in less. ``config`` must have been estimated."""
+        trace = self.traces[dataclasses.replace(config, expandable_segments=False)]
         if id(trace) not in self._floors:
             live, peak, sizes = 0, 0, {}
             for op, key, nbytes in trace.events():
@@ -203,8 +210,7 @@ class Search:
                 elif op < 0:
                     live -= sizes.pop(key, 0)
             self._floors[id(trace)] = peak
-        peak = self._floors[id(trace)]
-        return (int(peak * (1 + BASE_MARGIN)) if bound else peak) + self.gpu.context_bytes(trace.uses_cublas)
+        return self._floors[id(trace)]
 
     def step_time(self, config: Config) -> float | None:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
@@ -623,6 +629,19 @@ def _candidate(search: Search, config: Config, fits_in: int, context: int, *, ve
     )
 
 
+def _expandable_floor(search: Search, config: Config) -> int:
+    """The least ``device_upper_bytes`` ``config`` (estimated) can have with expandable segments: its required peak
+    widened by the base margin and the reasons its own trace recorded, plus their bytes and the context. The replay
+    with expandable segments reuses that trace, so the same reasons widen its bound
+    (``memfit.estimate.bound.upper_bound``), over a replayed cap never below the required peak."""
+    plain = dataclasses.replace(config, expandable_segments=False)
+    est = search.estimates[plain]
+    widen = BASE_MARGIN + sum(u.widen for u in est.uncertainty)
+    extra = BASE_SLACK_BYTES + sum(u.bytes for u in est.uncertainty)
+    return (int(search.required_peak(plain) * (1 + widen)) + extra
+            + search.gpu.context_bytes(search.traces[plain].uses_cublas))
+
+
 def _floor_of(search: Search, config: Config) -> int:
     """The largest ``Search.need_floor`` of an estimated configuration of the same structure with gradients alive in
     forward (accumulation) and a micro-batch no larger than ``config``'s; 0 when none. Only configurations with
@@ -708,7 +727,7 @@ def _walk(search: Search, configs: list[Config], models: dict[_Structure, _Memor
             if best.fits:
                 return best, notes
             out.add(c)
-            if not search.allocator.expandable_segments and search.need_floor(c) <= search.limit_bytes:
+            if not search.allocator.expandable_segments and _expandable_floor(search, c) <= search.limit_bytes:
                 ex = verified(search, dataclasses.replace(c, expandable_segments=True))
                 if ex.fits:
                     notes.append(f"{c.label()} fits only with expandable segments (less fragmentation)")
