@@ -224,3 +224,16 @@ def test_a_real_forward_with_stood_in_products_sizes_a_mask_as_the_computed_one_
     assert calls.count(True) == 1  # the 512 × 1024 × 1024 product; the 1024 → 64 one (34 M) computes
     (kept,) = [r for r in forward.returned if r.name == "index"]
     assert 0.3 * 512 < kept.shapes[0][0] and 0.3 * 512 < kept.outputs[0].shape[0] < 0.7 * 512
+
+
+def _penalised_positive_outputs(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:
+    # a gradient penalty: autograd in the loss, which a forward without autograd cannot run
+    (grad,) = torch.autograd.grad(out.sum(), batch[0], create_graph=True)
+    return _loss_of_the_positive_outputs(out, batch) + grad.square().mean()
+
+
+def test_a_real_forward_whose_loss_needs_autograd_runs_with_it():
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64).requires_grad_(),),
+                 loss=_penalised_positive_outputs, optimizer=_sgd, batch_size=32)
+    forward = trace_module._real_forward(w, GPU)
+    assert [r.name for r in forward.returned] == ["index"]

@@ -822,11 +822,19 @@ def _real_forward(workload: Workload, gpu: GpuSpec) -> RealForward:
     """What the value-dependent ops of the first step's forward and loss return when run for real on the CPU.
 
     It runs without autograd: only values are kept, and the activations autograd would save (6 GB for a Faster
-    R-CNN at 4 × 800²) cost their first writes to fresh memory, a third of its time on the 2-core CPU."""
+    R-CNN at 4 × 800²) cost their first writes to fresh memory, a third of its time on the 2-core CPU. A loss that
+    needs autograd in forward (``torch.autograd.grad`` of a gradient penalty) fails so; it runs again with it."""
     forward = RealForward()
     try:
         with torch.no_grad():
             _trace(workload, gpu, steps=1, real=True, real_forward=forward)
+    except _ForwardRecorded:
+        return forward
+    except Exception:  # noqa: BLE001 - any failure without autograd: the same forward with it decides
+        log.info("the real forward of %s failed without autograd; running it with autograd", workload.name)
+    forward = RealForward()
+    try:
+        _trace(workload, gpu, steps=1, real=True, real_forward=forward)
     except _ForwardRecorded:
         pass
     return forward
