@@ -74,6 +74,21 @@ def conv_large_rows() -> list[dict]:
     return [r for r in rows if r]
 
 
+def conv_2d_xl_rows() -> list[dict]:
+    """2-D convolutions beyond conv_large's 512 per axis (detectors at 800 x 800, satellite tiles at 1024): does the
+    rule hold where the bound now widens for extrapolation? The layers conv_large measured, at 640-1024, batch 1-2,
+    and a detector's FPN and RPN layers (256 channels) at 256-512 for batch 4."""
+    rows = []
+    grid2d = [(3, 64, 7, 2, 1, False), (16, 16, 3, 1, 1, False), (32, 16, 3, 1, 1, False), (64, 64, 3, 1, 1, False),
+              (128, 128, 3, 1, 1, False), (64, 32, 2, 2, 1, True), (256, 64, 1, 1, 1, False)]
+    for (cin, cout, k, s, g, tr), hw, n, dname in itertools.product(grid2d, (640, 800, 1024), (1, 2), DTYPES):
+        rows.append(_conv_case(2, n, cin, cout, k, s, g, tr, hw, dname))
+    fpn = [(256, 256, 3, 1, 1, False), (256, 256, 1, 1, 1, False), (256, 3, 1, 1, 1, False)]
+    for (cin, cout, k, s, g, tr), hw, dname in itertools.product(fpn, (200, 400), DTYPES):
+        rows.append(_conv_case(2, 4, cin, cout, k, s, g, tr, hw, dname))
+    return [r for r in rows if r]
+
+
 def conv_3d_xl_rows() -> list[dict]:
     """3-D convolutions beyond conv_large's 128 per axis (nnU-Net patches of 160-224), batch 1-2: does the rule
     hold where the bound now widens for extrapolation?"""
@@ -300,14 +315,14 @@ def rnn_rows() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
-    parser.add_argument("--only", choices=("conv", "conv_large", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
+    parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_odd_channels_half", "conv_patchify", "conv_head_half",
                                                 "conv_3d_half", "conv_3d_head_half", "lstm", "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
-    families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_narrow": conv_narrow_rows,
+    families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_2d_xl": conv_2d_xl_rows, "conv_narrow": conv_narrow_rows,
                 "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
                 "conv_pointwise_half": conv_pointwise_half_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
                 "conv_patchify": conv_patchify_rows, "conv_head_half": conv_head_half_rows,
