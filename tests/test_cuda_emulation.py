@@ -187,6 +187,19 @@ def test_convolution_workspaces_count_channels_as_cudnn_pads_them():
         assert len(shortfalls) > 150 and max(shortfalls) <= 17 * MiB, (grid, max(shortfalls) / MiB)
 
 
+def test_two_d_convolutions_up_to_1024_per_axis_take_what_the_rule_says():
+    # the 2-D grid beyond 512 per axis (640-1024, and a detector's 256-channel layers at 4 x 200-400²): the rule is
+    # within 16 MiB but on an fp32 1x1 filter gradient to 3 channels (an optional workspace it leaves out), so the
+    # bound no longer widens for 2-D convolutions up to 1024 per axis
+    from memfit.estimate.workspaces import CALIBRATED_CONV_SIZE
+
+    MiB = 1 << 20
+    shortfalls = _grid_shortfalls("cudnn_calibration_conv_2d_xl_h200_torch2.11_20261127.json")
+    assert len(shortfalls) == 288 and sum(s > 16 * MiB for s in shortfalls) == 2
+    assert min(shortfalls) >= -16 * MiB  # nor more than 16 MiB over
+    assert CALIBRATED_CONV_SIZE[2] == 1024
+
+
 def test_pointwise_half_convolutions_take_what_cudnn_took():
     # 2-D 1x1 convolutions in half precision were charged nothing: ResNet's strided shortcuts take the layout
     # conversion in every call, and a stride-1 filter gradient its per-image fp32 partial sums (29.5 MB in
@@ -399,3 +412,15 @@ def test_volume_segmentation_heads_take_what_cudnn_took():
             assert allowance >= 2 * io - conv_workspace_bytes(*shapes, **call), (cin, classes, side)
         else:
             assert allowance == 12 * MiB, (cin, classes, side)
+
+
+@pytest.mark.parametrize(("side", "widened"), [(1024, False), (1056, True)])
+def test_a_convolution_beyond_the_calibrated_size_widens_the_bound(side: int, widened: bool):
+    from memfit import Workload
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.trace import trace_workload
+
+    w = Workload(model=lambda: torch.nn.Conv2d(3, 4, 3, padding=1), batch=lambda n: (torch.randn(n, 3, 8, side),),
+                 loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                 batch_size=1)
+    assert ("conv_workspace_extrapolated" in trace_workload(w, gpu_spec("h100")).uncertain) == widened

@@ -383,11 +383,17 @@ MiB = 1 << 20
 # The largest spatial size per axis the convolution rule was checked on (calibrate_cudnn.py: 2-D 48-512, 3-D
 # 24-128; up to 512 and 128 by --only conv_large, where the rule was at most 61 MB under the measured workspace:
 # benchmarks/results/estimate/cudnn_calibration_conv_large_h200_torch2.11_20261126.json): larger convolutions use
-# the rule by extrapolation, which widens the estimate's upper bound. 3-D measured up to 224 per axis
+# the rule by extrapolation, which widens the estimate's upper bound. 2-D measured up to 1024 per axis
+# (cudnn_calibration_conv_2d_xl_h200_torch2.11_20261127.json: conv_large's layers at 640-1024, batch 1-2, and a
+# detector's 256-channel FPN/RPN layers at 4 x 200-400²): the rule within 16 MiB on 286 of its 288 calls; the
+# other 2 are not the size's but a class it leaves out at every size, the filter gradient of an fp32 1x1
+# convolution to a few channels (an RPN's 256 -> 3 objectness layer: input + output, 159 and 635 MiB at 4 x 200²
+# and 400²; the conv_narrow grid's 8-64 -> 1-8 heads mostly the same), an optional workspace cuDNN does without
+# under a cap, so it moves the uncapped peak, not the cap a step needs. 3-D measured up to 224 per axis
 # (cudnn_calibration_conv_3d_xl_h200_torch2.11_20261126.json: 32->32, strided and 1-channel 3x3x3 layers,
 # transposed 2x2x2 ones, 1x1x1 heads): with channels padded as cuDNN lays them out (_padded_nbytes) the rule is at
 # most 17 MiB (0.1 %) under every one of its 180 calls.
-CALIBRATED_CONV_SIZE = {1: 512, 2: 512, 3: 224}
+CALIBRATED_CONV_SIZE = {1: 512, 2: 1024, 3: 224}
 
 
 def _last_pow2(n: int) -> int:
