@@ -185,6 +185,24 @@ def test_need_floor_is_below_every_larger_configurations_exact_need(grid: Grid):
     assert pairs > 10
 
 
+def test_whole_batch_floor_is_below_every_larger_configuration_without_accumulation(grid: Grid):
+    """The floor that rules out configurations without accumulation (the whole batch at once) never exceeds what
+    their exact estimate says, and it is tight enough to rule something out."""
+    pairs, below_own_need = 0, 0
+    for a in grid.configs:
+        for b in grid.configs:
+            if _structure(a) == _structure(b) and a.accumulation_steps > 1 == b.accumulation_steps:
+                floor = grid.search.whole_batch_floor(a)
+                for variant in (b, dataclasses.replace(b, expandable_segments=True)):
+                    assert floor <= grid.need(variant), (a.label(), variant.label())
+                pairs += 1
+        if a.accumulation_steps > 1:
+            # one micro-batch's window, not the whole stream: below the configuration's own floor
+            assert grid.search.whole_batch_floor(a) <= grid.search.need_floor(a)
+            below_own_need += grid.search.whole_batch_floor(a) < grid.search.need_floor(a)
+    assert pairs > 5 and below_own_need > 0
+
+
 
 def test_the_expandable_retry_is_skipped_only_where_its_exact_estimate_misses_too(grid: Grid):
     """The walk retries a miss with expandable segments unless ``_expandable_floor`` (its own reasons' widths on
@@ -195,6 +213,31 @@ def test_the_expandable_retry_is_skipped_only_where_its_exact_estimate_misses_to
         assert grid.search.need_floor(c) <= floor <= grid.need(dataclasses.replace(c, expandable_segments=True))
         reasons += bool(grid.search.estimate(c).uncertainty)
     assert reasons  # the grid has configurations whose reasons widen it (reentrant checkpointing)
+
+
+def test_whole_batch_floor_reads_the_first_micro_batch_of_the_steady_step():
+    """Worked by hand: step 1's first micro-batch (between its first two forward marks) peaks at 20 + 100 MiB
+    (the 20 MiB block made before it still alive); step 0 and step 1's second micro-batch, with 300 MiB alive, do
+    not count. The floor is (120 MiB - WHOLE_BATCH_SLACK) × (1 + BASE_MARGIN) + the context."""
+    from memfit.estimate.bound import BASE_MARGIN
+    from memfit.estimate.trace import Alloc, Trace
+    from memfit.plan.search import WHOLE_BATCH_SLACK
+
+    MiB = 1 << 20
+    sizes = [20, 300, 100, 300]
+    trace = Trace(allocs=[Alloc(n * MiB, "op", "", "forward", 0, (), "uint8", "activations") for n in sizes])
+    events = [(1, 0), (1, 1), (-1, 1),  # step 0: the 20 MiB block stays, a 300 MiB one comes and goes
+              (1, 2), (-1, 2),          # step 1, first micro-batch: 100 MiB
+              (1, 3), (-1, 3)]          # step 1, second micro-batch: 300 MiB
+    for op, key in events:
+        trace.ops.append(op)
+        trace.keys.append(key)
+    trace.phase_marks = [(0, "forward", 0), (3, "forward", 1), (5, "forward", 1), (7, "end", 2)]
+    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
+    config = _Structure("fp32").config(1, EFF)
+    search.traces[config] = trace
+    assert search.whole_batch_floor(config) == (int((120 * MiB - WHOLE_BATCH_SLACK) * (1 + BASE_MARGIN))
+                                                + gpu_spec("h100").context_bytes(False))
 
 
 def test_need_floor_is_the_required_peak_widened_by_the_bounds_margin_plus_the_least_context():

@@ -95,6 +95,12 @@ def _phase_peaks(est: Estimate) -> tuple[int, int]:
     return fb, other
 
 
+WHOLE_BATCH_SLACK = 1 << 20
+"""Taken off the window a whole-batch floor is read from (``Search.whole_batch_floor``): the scalar the loss divided
+by the accumulation steps makes there, which a step without accumulation does not (512 bytes as the allocator
+rounds it; a MiB leaves room for a few such)."""
+
+
 class Search:
     """The estimates of one planning run, and the memory/speed models built from them."""
 
@@ -114,6 +120,7 @@ class Search:
         self.runs = 0
         self._times: dict[tuple[Any, ...], float] = {}
         self._floors: dict[int, int] = {}  # required peaks, by id() of the trace, which self.traces keeps alive
+        self._window_peaks: dict[int, int] = {}  # the same, over one steady micro-batch (``whole_batch_floor``)
         self.facts: ModelFacts | None = None
         """What the model offers (blocks to checkpoint, optimizer implementations), once the search has looked."""
         self.notes: list[str] = []
@@ -211,6 +218,39 @@ class Search:
                     live -= sizes.pop(key, 0)
             self._floors[id(trace)] = peak
         return self._floors[id(trace)]
+
+    def whole_batch_floor(self, config: Config) -> int:
+        """A floor like ``need_floor`` for the configurations *without* accumulation of ``config``'s structure
+        whose micro-batch is at least ``config``'s (which must have accumulation and have been estimated).
+
+        Why it is safe: the first micro-batch of a steady step (step 1: optimizer state alive, the grads just set to
+        None by ``zero_grad``) runs the op sequence of a whole step's forward and backward without accumulation, on
+        fewer samples, with nothing alive before it that such a step lacks or has smaller (the held output of the
+        last micro-batch, the batch of one micro-batch). So the required bytes alive over that window, and their
+        peak, are at most such a step's. The one op accumulation adds there, the loss divided by the steps, makes
+        a scalar: ``WHOLE_BATCH_SLACK`` is taken off for it. The rest is ``need_floor``'s argument.
+        """
+        plain = dataclasses.replace(config, expandable_segments=False)
+        trace = self.traces[plain]
+        if id(trace) not in self._window_peaks:
+            marks = [(at, name, step) for at, name, step in trace.phase_marks]
+            steady = max(step for _, name, step in marks if name == "forward")
+            starts = [at for at, name, step in marks if name == "forward" and step == steady]
+            # a step of one micro-batch has no window without the grads alive: no floor from it
+            begin, end = (starts[0], starts[1]) if len(starts) > 1 else (0, 0)
+            live, peak, sizes = 0, 0, {}
+            for i, (op, key, nbytes) in enumerate(trace.events()):
+                if i >= end:
+                    break
+                if op == 1:
+                    sizes[key] = nbytes
+                    live += nbytes
+                elif op < 0:
+                    live -= sizes.pop(key, 0)
+                if i >= begin:
+                    peak = max(peak, live)
+            self._window_peaks[id(trace)] = max(0, peak - WHOLE_BATCH_SLACK)
+        return int(self._window_peaks[id(trace)] * (1 + BASE_MARGIN)) + self.gpu.context_bytes(trace.uses_cublas)
 
     def step_time(self, config: Config) -> float | None:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
@@ -643,13 +683,13 @@ def _expandable_floor(search: Search, config: Config) -> int:
 
 
 def _floor_of(search: Search, config: Config) -> int:
-    """The largest ``Search.need_floor`` of an estimated configuration of the same structure with gradients alive in
-    forward (accumulation) and a micro-batch no larger than ``config``'s; 0 when none. Only configurations with
-    accumulation compare: without it, no gradients are alive in forward, so it can need less."""
-    if config.accumulation_steps == 1:
-        return 0
+    """The largest floor an estimated configuration of the same structure with accumulation and a micro-batch no
+    larger than ``config``'s puts under it; 0 when none. With accumulation, ``Search.need_floor``: gradients are
+    alive in forward in both. Without (``config`` runs the whole batch at once, no gradients alive in forward, so
+    it can need less), ``Search.whole_batch_floor``: one steady micro-batch's window."""
     key = _structure(config)
-    return max((search.need_floor(c) for c in search.estimates
+    floor = search.need_floor if config.accumulation_steps > 1 else search.whole_batch_floor
+    return max((floor(c) for c in search.estimates
                 if c.accumulation_steps > 1 and c.micro_batch <= config.micro_batch and _structure(c) == key),
                default=0)
 
