@@ -189,15 +189,35 @@ def test_convolution_workspaces_count_channels_as_cudnn_pads_them():
 
 def test_two_d_convolutions_up_to_1024_per_axis_take_what_the_rule_says():
     # the 2-D grid beyond 512 per axis (640-1024, and a detector's 256-channel layers at 4 x 200-400²): the rule is
-    # within 16 MiB but on an fp32 1x1 filter gradient to 3 channels (an optional workspace it leaves out), so the
-    # bound no longer widens for 2-D convolutions up to 1024 per axis
+    # within 16 MiB on every call, so the bound no longer widens for 2-D convolutions up to 1024 per axis
     from memfit.estimate.workspaces import CALIBRATED_CONV_SIZE
 
     MiB = 1 << 20
     shortfalls = _grid_shortfalls("cudnn_calibration_conv_2d_xl_h200_torch2.11_20261127.json")
-    assert len(shortfalls) == 288 and sum(s > 16 * MiB for s in shortfalls) == 2
+    assert len(shortfalls) == 288 and max(shortfalls) <= 16 * MiB  # with the fp32 heads' rule, all 288
     assert min(shortfalls) >= -16 * MiB  # nor more than 16 MiB over
     assert CALIBRATED_CONV_SIZE[2] == 1024
+
+
+def test_fp32_heads_take_their_input_and_output_in_backward():
+    # 2-D fp32 1x1 convolutions to at most 8 channels from 16 or more (segmentation heads, an RPN's objectness
+    # layer): input + output in backward, where the rule charged nothing (635 MiB short at 4 x 256 x 400²); every
+    # fp32 1x1 backward call of the grids within 9 MiB over and 19 MiB under (the erratic ones from 8 channels)
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    MiB = 1 << 20
+    rows = [r for name in ("cudnn_calibration_conv_narrow_h200_torch2.11_20261126", "cudnn_calibration_conv_2d_xl_h200_torch2.11_20261127",
+                           "cudnn_calibration_h200_torch2.11_20261126", "cudnn_calibration_conv_large_h200_torch2.11_20261126")
+            for r in _grid(name) if r.get("kind") == "conv" and r["dims"] == 2 and r["k"] == 1 and r["dtype"] == "fp32"]
+    assert len(rows) == 102
+    for r in rows:
+        n, side = r["n"], r["size"] // r["stride"]
+        rule = conv_workspace_bytes((n, r["cin"], r["size"], r["size"]), (r["cout"], r["cin"], 1, 1),
+                                    (n, r["cout"], side, side), itemsize=4, stride=(r["stride"],) * 2,
+                                    groups=r["groups"], transposed=r["transposed"], half=False, backward=True)
+        assert -9 * MiB <= r["bwd_ws"] - rule <= 19 * MiB, r
+        if r["cout"] == 1 and r["cin"] >= 64:
+            assert rule == 0 and r["bwd_ws"] <= 4096  # none from 64 channels to one
 
 
 def test_pointwise_half_convolutions_take_what_cudnn_took():

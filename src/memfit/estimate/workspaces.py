@@ -35,6 +35,13 @@ MRI volumes) took no forward workspace in fp32 and bf16 on all 32 such calls of 
 (cudnn_calibration_{h200,conv_large_h200,conv_3d_xl_h200}_torch2.11_20261126.json)."""
 LARGE_3D_POINTWISE_FP32 = 80
 """The largest size per axis at which 3-D 1x1 fp32 convolutions were measured to run backward without a workspace."""
+HEAD_FP32_MAX_COUT, HEAD_FP32_MIN_CIN = 8, 16
+"""A 2-D fp32 1x1 stride-1 convolution to at most 8 channels (a segmentation head, an RPN's objectness layer) from at
+least 16 takes about its input + output in each backward call: 1.00-1.30 x on 68 of the 72 such calls of two H200
+grids (16-64 -> 1-8 at 2-6 x 128-384², 256 -> 3 at 4 x 200-400²: cudnn_calibration_conv_narrow_h200_torch2.11_
+20261126.json, cudnn_calibration_conv_2d_xl_h200_torch2.11_20261127.json), where the rule charged nothing; none on
+the other 4 (64 -> 2-8 at 2 x 128², 8 MiB of input), nor from 64 channels to one (4 of 4), which it leaves out. From 8
+channels it was erratic (none at batch 6, up to 18 MiB at batch 2): left out. cuDNN can do without it under a cap."""
 
 
 def conv_workspace_bytes(
@@ -70,6 +77,11 @@ def conv_workspace_bytes(
     if _is_volume_head_half(weight_shape, groups=groups, transposed=transposed, half=half, stride=stride):
         return _volume_head_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize,
                                        backward=backward, fp16=fp16)
+    if (backward and dims == 2 and not half and all(k == 1 for k in kernel) and all(x == 1 for x in stride)
+            and not transposed and HEAD_FP32_MIN_CIN <= input_shape[1] and output_shape[1] <= HEAD_FP32_MAX_COUT
+            and not (output_shape[1] == 1 and input_shape[1] >= 64)):
+        # a head's filter/data gradient in fp32 (HEAD_FP32_*): a conversion block of input + output
+        return _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize) + _nbytes(weight_shape, itemsize)
     if all(k == 1 for k in kernel) and (dims == 2 or not half):
         if backward and dims == 3 and not half and max(input_shape[2:]) > LARGE_3D_POINTWISE_FP32:
             # ... but not the backward of a large 3-D one in fp32: 1.03 x input + output at 160-224 per axis
@@ -385,11 +397,9 @@ MiB = 1 << 20
 # benchmarks/results/estimate/cudnn_calibration_conv_large_h200_torch2.11_20261126.json): larger convolutions use
 # the rule by extrapolation, which widens the estimate's upper bound. 2-D measured up to 1024 per axis
 # (cudnn_calibration_conv_2d_xl_h200_torch2.11_20261127.json: conv_large's layers at 640-1024, batch 1-2, and a
-# detector's 256-channel FPN/RPN layers at 4 x 200-400²): the rule within 16 MiB on 286 of its 288 calls; the
-# other 2 are not the size's but a class it leaves out at every size, the filter gradient of an fp32 1x1
-# convolution to a few channels (an RPN's 256 -> 3 objectness layer: input + output, 159 and 635 MiB at 4 x 200²
-# and 400²; the conv_narrow grid's 8-64 -> 1-8 heads mostly the same), an optional workspace cuDNN does without
-# under a cap, so it moves the uncapped peak, not the cap a step needs. 3-D measured up to 224 per axis
+# detector's 256-channel FPN/RPN layers at 4 x 200-400²): the rule within 16 MiB on all 288 calls, once the
+# fp32 heads' backward (HEAD_FP32_*: an RPN's 256 -> 3 objectness layer took 635 MiB at 4 x 400², which the rule
+# had left out at every size) was charged. 3-D measured up to 224 per axis
 # (cudnn_calibration_conv_3d_xl_h200_torch2.11_20261126.json: 32->32, strided and 1-channel 3x3x3 layers,
 # transposed 2x2x2 ones, 1x1x1 heads): with channels padded as cuDNN lays them out (_padded_nbytes) the rule is at
 # most 17 MiB (0.1 %) under every one of its 180 calls.
