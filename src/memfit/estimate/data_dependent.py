@@ -11,9 +11,9 @@ answers them here, cheapest first:
    ``size_from_known_values``.
 3. **From one real forward.** Otherwise the values come from the model (a detector's proposals after NMS): the
    forward and loss of the first step run once for real on the CPU, which keeps what these ops returned, in call
-   order (``RealForward``); the traced steps take their sizes from there. Its large convolutions and matrix
-   products are not computed but stood in for by noise of the scale they would give (``ProductStandIns``): they
-   were 80 % of a detector's real forward, and the data are random either way.
+   order (``RealForward``); the traced steps take their sizes from there. Its large convolutions, matrix
+   products and batch norms are not computed but stood in for by noise of the scale they would give
+   (``ProductStandIns``): the data are random either way.
 """
 
 from __future__ import annotations
@@ -215,8 +215,8 @@ class RealForward:
 
 
 STAND_IN_MACS = 1 << 27
-"""Products of at least this many multiply-adds (134 M: a 3×3 convolution of 64 to 64 channels over 4 × 64²) are
-stood in for in the real forward; smaller ones (a detector's box heads at few proposals, its box coder) compute."""
+"""Products of at least this many multiply-adds (134 M: a 3×3 convolution of 64 to 64 channels over one 60 × 60
+image) are stood in for in the real forward; smaller ones (a detector's box coder, heads at few proposals) compute."""
 
 STAND_IN_NUMEL = 1 << 20
 """Batch norms of at least this many elements are stood in for in the real forward; smaller ones compute."""
@@ -302,7 +302,7 @@ class ProductStandIns:
 
     def _draw(self, n: int) -> torch.Tensor:
         """``n`` standard normal values: a window at a random place of one pool drawn once (twice the largest
-        request), since drawing each output afresh cost as much as the products it stands in for."""
+        request), so that each stand-in costs one pass over its output, not a random-number generator's too."""
         if self._noise.numel() < n:
             self._noise = torch.randn(2 * n)
         start = int(torch.randint(0, self._noise.numel() - n + 1, ()))
