@@ -564,3 +564,54 @@ def test_where_the_plan_checkpoints_every_block_it_also_tries_three_quarters_of_
     assert all(c.verified for c in finer)
     # a plan that checkpoints three blocks already has nothing finer to try
     assert _finer_checkpointing(search, verified(search, finer[0].config)) == []
+
+
+# ------------------------------------------------------------------------------------ the lane's guesses
+
+
+def _lane_setup(limit_mib: int):  # noqa: ANN202
+    """A search with two structures whose memory lines are known (A: 100 MiB per sample, B: 50), no context, and
+    no floors: what ``_next_probes`` guesses depends only on them and on the exact rungs given."""
+    from types import SimpleNamespace
+
+    MiB = 1 << 20
+    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, limit_mib * MiB, 64, None, False)
+    search.context_bytes = 0
+    search.need_floor = lambda config, bound=True: 0  # type: ignore[method-assign]
+    a, b = _Structure("fp32"), _Structure("fp32", checkpoint=("x",))
+    models = {a: _MemoryModel(0, 100 * MiB, 0, 1.0, 0), b: _MemoryModel(0, 50 * MiB, 0, 1.0, 0)}
+
+    def rung(structure: _Structure, micro: int, mib: int) -> None:
+        search.estimates[structure.config(micro, 64)] = SimpleNamespace(device_upper_bytes=mib * MiB)
+
+    def candidate(structure: _Structure, micro: int, seconds: float) -> Candidate:
+        return Candidate(config=structure.config(micro, 64), device_bytes=0, fits_in_bytes=0, step_time_s=seconds,
+                         samples_per_s=None, verified=False, fits=False)
+
+    return search, a, b, models, rung, candidate
+
+
+def test_the_lane_guesses_the_rungs_above_a_probe_expected_to_fit():
+    from memfit.plan.search import LANE_GUESSES, _next_probes
+
+    search, a, b, models, rung, candidate = _lane_setup(limit_mib=650)
+    best = candidate(a, 32, 1.0)
+    # A's line is over 650 MiB from micro-batch 8 on: after the probe at 4, the walk asks 8, then 16 (32 is best)
+    guesses = _next_probes(search, [best, candidate(b, 32, 2.0)], best, a.config(4, 64), models, set())
+    assert LANE_GUESSES == 2 and guesses == [a.config(8, 64), a.config(16, 64)]
+
+
+def test_the_lane_guesses_another_structure_when_two_rungs_put_the_probe_over():
+    from memfit.plan.search import _next_probes
+
+    search, a, b, models, rung, candidate = _lane_setup(limit_mib=650)
+    rung(a, 1, 100)
+    rung(a, 2, 300)  # 200 MiB a sample from here: 700 MiB at 4, over the limit
+    best = candidate(a, 32, 1.0)
+    others = [candidate(b, 32, 2.0), candidate(b, 16, 3.0)]
+    guesses = _next_probes(search, [best, *others], best, a.config(4, 64), models, set())
+    # B's line is over 650 MiB from 16 on: the probe that settles B@32 (the fastest other) is B@16
+    assert guesses == [b.config(16, 64)]
+    # once B@16 is estimated (a miss), it is not guessed again: B@32's probe is B@32 itself
+    rung(b, 16, 800)
+    assert _next_probes(search, [best, *others], best, a.config(4, 64), models, set()) == [b.config(32, 64)]
