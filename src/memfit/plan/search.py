@@ -95,6 +95,21 @@ def _phase_peaks(est: Estimate) -> tuple[int, int]:
     return fb, other
 
 
+def _required_peak(events: list[tuple[int, int, int]], begin: int, end: int) -> int:
+    """The most bytes the required allocations (op 1; op 2 is optional, -1 a free) keep alive after any of
+    ``events[begin:end]``, counting those made before ``begin`` that are still alive."""
+    live, peak, sizes = 0, 0, {}
+    for i, (op, key, nbytes) in enumerate(events[:end]):
+        if op == 1:
+            sizes[key] = nbytes
+            live += nbytes
+        elif op < 0:
+            live -= sizes.pop(key, 0)
+        if i >= begin:
+            peak = max(peak, live)
+    return peak
+
+
 WHOLE_BATCH_SLACK = 1 << 20
 """Taken off the window a whole-batch floor is read from (``Search.whole_batch_floor``): the scalar the loss divided
 by the accumulation steps makes there, which a step without accumulation does not (512 bytes as the allocator
@@ -199,24 +214,23 @@ class Search:
         configuration whose best estimate fits (``plan_patch`` settling rungs on the GPU): the peak unwidened, as
         ``fits_in`` is the replayed cap widened by less than the bound's margin.
         """
-        trace = self.traces[dataclasses.replace(config, expandable_segments=False)]
         peak = self.required_peak(config)
-        return (int(peak * (1 + BASE_MARGIN)) if bound else peak) + self.gpu.context_bytes(trace.uses_cublas)
+        return (int(peak * (1 + BASE_MARGIN)) if bound else peak) + self.context_of(config)
+
+    def _trace_of(self, config: Config) -> Any:
+        """The trace ``config`` was estimated from (expandable segments do not change it)."""
+        return self.traces[dataclasses.replace(config, expandable_segments=False)]
+
+    def context_of(self, config: Config) -> int:
+        """The CUDA context of ``config``'s step: with cuBLAS's handles where its ops call cuBLAS."""
+        return self.gpu.context_bytes(self._trace_of(config).uses_cublas)
 
     def required_peak(self, config: Config) -> int:
         """The peak of the bytes ``config``'s required allocations (not the optional workspaces) ask for and keep
         alive, unrounded: what no allocator can serve in less. ``config`` must have been estimated."""
-        trace = self.traces[dataclasses.replace(config, expandable_segments=False)]
+        trace = self._trace_of(config)
         if id(trace) not in self._floors:
-            live, peak, sizes = 0, 0, {}
-            for op, key, nbytes in trace.events():
-                if op == 1:  # a required allocation (op 2 is optional, -1 a free)
-                    sizes[key] = nbytes
-                    live += nbytes
-                    peak = max(peak, live)
-                elif op < 0:
-                    live -= sizes.pop(key, 0)
-            self._floors[id(trace)] = peak
+            self._floors[id(trace)] = _required_peak(trace.events(), 0, len(trace.ops))
         return self._floors[id(trace)]
 
     def whole_batch_floor(self, config: Config) -> int:
@@ -230,27 +244,14 @@ class Search:
         peak, are at most such a step's. The one op accumulation adds there, the loss divided by the steps, makes
         a scalar: ``WHOLE_BATCH_SLACK`` is taken off for it. The rest is ``need_floor``'s argument.
         """
-        plain = dataclasses.replace(config, expandable_segments=False)
-        trace = self.traces[plain]
+        trace = self._trace_of(config)
         if id(trace) not in self._window_peaks:
-            marks = [(at, name, step) for at, name, step in trace.phase_marks]
-            steady = max(step for _, name, step in marks if name == "forward")
-            starts = [at for at, name, step in marks if name == "forward" and step == steady]
+            steady = max(step for _, name, step in trace.phase_marks if name == "forward")
+            starts = [at for at, name, step in trace.phase_marks if name == "forward" and step == steady]
             # a step of one micro-batch has no window without the grads alive: no floor from it
             begin, end = (starts[0], starts[1]) if len(starts) > 1 else (0, 0)
-            live, peak, sizes = 0, 0, {}
-            for i, (op, key, nbytes) in enumerate(trace.events()):
-                if i >= end:
-                    break
-                if op == 1:
-                    sizes[key] = nbytes
-                    live += nbytes
-                elif op < 0:
-                    live -= sizes.pop(key, 0)
-                if i >= begin:
-                    peak = max(peak, live)
-            self._window_peaks[id(trace)] = max(0, peak - WHOLE_BATCH_SLACK)
-        return int(self._window_peaks[id(trace)] * (1 + BASE_MARGIN)) + self.gpu.context_bytes(trace.uses_cublas)
+            self._window_peaks[id(trace)] = max(0, _required_peak(trace.events(), begin, end) - WHOLE_BATCH_SLACK)
+        return int(self._window_peaks[id(trace)] * (1 + BASE_MARGIN)) + self.context_of(config)
 
     def step_time(self, config: Config) -> float | None:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
@@ -674,12 +675,10 @@ def _expandable_floor(search: Search, config: Config) -> int:
     widened by the base margin and the reasons its own trace recorded, plus their bytes and the context. The replay
     with expandable segments reuses that trace, so the same reasons widen its bound
     (``memfit.estimate.bound.upper_bound``), over a replayed cap never below the required peak."""
-    plain = dataclasses.replace(config, expandable_segments=False)
-    est = search.estimates[plain]
+    est = search.estimates[dataclasses.replace(config, expandable_segments=False)]
     widen = BASE_MARGIN + sum(u.widen for u in est.uncertainty)
     extra = BASE_SLACK_BYTES + sum(u.bytes for u in est.uncertainty)
-    return (int(search.required_peak(plain) * (1 + widen)) + extra
-            + search.gpu.context_bytes(search.traces[plain].uses_cublas))
+    return int(search.required_peak(config) * (1 + widen)) + extra + search.context_of(config)
 
 
 def _floor_of(search: Search, config: Config) -> int:
