@@ -1,5 +1,6 @@
-# Sourced by this folder's device scripts, from the repository root: the carried wheels (.whl/, when there are
-# any: the corpus's model libraries the device lacks) installed into /tmp/site, and PYTHONPATH set to them and src.
+# Sourced by the device scripts, from the repository root: the carried wheels (.whl/, when there are any: the
+# corpus's model libraries the device lacks) installed into /tmp/site, PYTHONPATH set to them and src, and the card,
+# torch and cuDNN versions written to $OUT/card.txt (what every result is filed under).
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD/src
@@ -7,3 +8,5 @@ else
   export PYTHONPATH=$PWD/src
 fi
 export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
+python3 -c "import torch; print(torch.__version__, torch.backends.cudnn.version())" >> "$OUT/card.txt"

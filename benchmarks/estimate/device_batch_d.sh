@@ -5,8 +5,6 @@
 #   bash benchmarks/estimate/device_batch_d.sh          # carry .whl (MONAI, smp, nnU-Net's networks: _site.sh)
 set -u
 . benchmarks/estimate/_site.sh
-nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
-python3 -c "import torch; print(torch.__version__, torch.backends.cudnn.version())" >> "$OUT/card.txt"
 FP16=c004_tv_cls,c005_tv_cls,c006_tv_cls,c021_timm_cls,c023_tv_seg,c024_tv_seg,c035_unet,c039_unet,c040_hf_lm,\
 c042_hf_lm,c050_hf_lm,c055_hf_lm,c059_hf_moe,c066_hf_lora,c067_hf_encoder,c072_hf_encoder,c078_hf_seq2seq,\
 c080_hf_seq2seq,c081_hf_seq2seq,c082_hf_seq2seq,c086_hf_vision,c091_rnn,c093_rnn,c094_rnn,c097_rnn,\

@@ -7,8 +7,6 @@
 set -u
 PATTERN=${1:-^s1327}
 . benchmarks/estimate/_site.sh
-nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
-python3 -c "import torch; print(torch.__version__, torch.backends.cudnn.version())" >> "$OUT/card.txt"
 ONLY=$(python3 -c "
 import sys; sys.path[:0] = ['benchmarks/estimate', 'benchmarks/corpus']
 import re, probe_cases; print(','.join(k for k in probe_cases.PROBES if re.search(r'$PATTERN', k)))")

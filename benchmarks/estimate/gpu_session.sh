@@ -13,5 +13,3 @@ tar czf "$OUT/corpus_more.tar.gz" -C /tmp corpus
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_plan.py tests/test_estimate.py tests/test_trace.py \
   > "$OUT/gpu_tests.log" 2>&1
 tail -5 "$OUT/gpu_tests.log"
-nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
-python3 -c "import torch; print(torch.__version__)" >> "$OUT/card.txt"

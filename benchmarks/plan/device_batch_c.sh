@@ -4,9 +4,7 @@
 #   bash benchmarks/plan/device_batch_c.sh sweep MODELS # the plan sweep of MODELS (comma-separated), alone: it times
 #   bash benchmarks/plan/device_batch_c.sh round3 MODELS # fit-half allocator traces ∥ patch search (r3), then the sweep
 set -u
-. benchmarks/estimate/_site.sh  # the carried wheels (nnU-Net's networks) into /tmp/site, PYTHONPATH
-nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
-python3 -c "import torch; print(torch.__version__)" >> "$OUT/card.txt"
+. benchmarks/estimate/_site.sh  # the carried wheels (nnU-Net's networks), PYTHONPATH, $OUT/card.txt
 case "$1" in
   checks)
     (timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_plan.py tests/test_cudnn_rnn.py \

@@ -4,9 +4,7 @@
 #                                                   # chosen patches and every larger rung under the caps
 #   bash benchmarks/plan/device_batch_d.sh tests    # the GPU tests
 set -u
-. benchmarks/estimate/_site.sh  # the carried wheels (nnU-Net's networks) into /tmp/site, PYTHONPATH
-nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
-python3 -c "import torch; print(torch.__version__)" >> "$OUT/card.txt"
+. benchmarks/estimate/_site.sh  # the carried wheels (nnU-Net's networks), PYTHONPATH, $OUT/card.txt
 case "$1" in
   settle)
     timeout 300 python3 benchmarks/plan/patch_caps_device.py plan --settle --gpu h100 --out "$OUT/plans" \
