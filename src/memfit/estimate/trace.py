@@ -821,9 +821,9 @@ def _sized_from(trace: Trace, source: str, op: str, where: str) -> Trace:
 def _real_forward(workload: Workload, gpu: GpuSpec) -> RealForward:
     """What the value-dependent ops of the first step's forward and loss return when run for real on the CPU.
 
-    It runs without autograd: only values are kept, and the activations autograd would save (6 GB for a Faster
-    R-CNN at 4 × 800²) cost their first writes to fresh memory, a third of its time on the 2-core CPU. A loss that
-    needs autograd in forward (``torch.autograd.grad`` of a gradient penalty) fails so; it runs again with it."""
+    It runs without autograd: only values are kept, and the activations autograd would save (most of a Faster
+    R-CNN's 6.2 GB peak at 4 × 800²) are each a first write to fresh host memory. A loss that needs autograd in
+    forward (``torch.autograd.grad`` of a gradient penalty) fails so; it runs again with it."""
     forward = RealForward()
     try:
         with torch.no_grad():
