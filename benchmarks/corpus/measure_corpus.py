@@ -168,20 +168,64 @@ def _device() -> dict[str, Any]:
             "cuda_version": str(torch.version.cuda)}
 
 
-def _check_libraries(ids: list[str]) -> dict[str, str]:
-    """Entries whose libraries are missing here -> the message (they are skipped, not failed)."""
+@dataclass(frozen=True)
+class Entry:
+    """What the scheduler needs of one step to measure: where to load it, a rough size, a hint, a reason to skip."""
+
+    id: str
+    spec: str
+    """``file.py:NAME``, as ``memfit.estimate.measure.run_trial`` takes it."""
+    guess_bytes: int
+    """A rough peak, for the first trial's cap."""
+    hint_bytes: int | None
+    """A predicted ``fits_in``, where the bisection starts."""
+    skip: str = ""
+    """Why it cannot run here (a missing library), or empty."""
+
+
+def _missing(modules: tuple[str, ...]) -> str:
     import importlib.util
 
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return f"not installed here: {', '.join(missing)}" if missing else ""
+
+
+def corpus_entries(split: str | None, ids: list[str] | None, predictions: str | None) -> list[Entry]:
+    """The corpus's entries (``split``, ``ids``), in corpus order, hinted by ``predict_corpus.py``'s folder."""
     sys.path.insert(0, str(HERE))
     import corpus
 
-    by_id = {e["id"]: e for e in corpus.entries()}
-    out = {}
-    for i in ids:
-        missing = [m for m in corpus.REQUIRES.get(by_id[i]["family"], ()) if importlib.util.find_spec(m) is None]
-        if missing:
-            out[i] = f"not installed here: {', '.join(missing)}"
-    return out
+    found = []
+    for e in corpus.entries(split):
+        if ids and e["id"] not in ids:
+            continue
+        hint = None
+        pred = Path(predictions) / f"{e['id']}.json" if predictions else None
+        if pred is not None and pred.exists():
+            hint = (json.loads(pred.read_text()).get("estimate") or {}).get("fits_in_bytes")
+        found.append(Entry(e["id"], f"{HERE / 'corpus.py'}:{e['id']}", int(e["rough_peak_gib"] * GIB), hint,
+                           _missing(corpus.REQUIRES.get(e["family"], ()))))
+    return found
+
+
+ZOO_ORDER_SEED = 1127
+"""The zoo's measuring order is a shuffle with this seed, fixed before its first measurement (2026-11-27): a run
+cut short by its budget measured a prefix of it, a random sample of the zoo."""
+
+
+def zoo_entries(predictions: str, ids: list[str] | None) -> list[Entry]:
+    """The zoo's entries in a seeded random order, sized and hinted by a ``trace_coverage.py`` JSON (its CPU
+    estimates; an entry it did not estimate gets a 4 GiB guess and no hint)."""
+    import random
+
+    sys.path.insert(0, str(HERE.parent / "zoo"))
+    from registry import entries as zoo
+
+    estimates = {r["name"]: r.get("estimate") or {} for r in json.loads(Path(predictions).read_text())["rows"]}
+    found = [e for e in zoo() if not ids or e.name in ids]
+    random.Random(ZOO_ORDER_SEED).shuffle(found)
+    return [Entry(e.name, e.spec, estimates.get(e.name, {}).get("device_bytes") or 4 * GIB,
+                  estimates.get(e.name, {}).get("fits_in_bytes"), _missing(e.requires)) for e in found]
 
 
 def main() -> None:
@@ -193,6 +237,9 @@ def main() -> None:
                         help="predict_corpus.py's folder: start each bisection at the predicted fits_in")
     parser.add_argument("--split", choices=("fit", "validation"))
     parser.add_argument("--ids", help="comma-separated entry ids")
+    parser.add_argument("--zoo", metavar="COVERAGE_JSON",
+                        help="measure the zoo (benchmarks/zoo/) instead, in a seeded order, sized and hinted by "
+                             "this trace_coverage.py result")
     parser.add_argument("--concurrency", type=int, default=5, help="trial processes at a time")
     parser.add_argument("--reserve-gib", type=float, default=4.0, help="GPU memory no ticket may use")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop by this many seconds from the start")
@@ -208,37 +255,31 @@ def main() -> None:
     from memfit.estimate.measure import run_trial
 
     device = _device()
-    sys.path.insert(0, str(HERE))
-    import corpus
-
-    chosen = [e for e in corpus.entries(args.split) if not args.ids or e["id"] in args.ids.split(",")]
+    ids = args.ids.split(",") if args.ids else None
+    chosen = zoo_entries(args.zoo, ids) if args.zoo else corpus_entries(args.split, ids, args.predictions)
+    kind = "zoo_measurements" if args.zoo else "corpus_measurements"
     out = Path(args.out or os.path.join(os.environ.get("OUT", "."), stem(
-        "corpus_measurements", card(device["gpu"]), device["torch_version"])))
+        kind, card(device["gpu"]), device["torch_version"])))
     out.mkdir(parents=True, exist_ok=True)
-    earlier = latest("estimate", f"corpus_measurements_{card(device['gpu'])}_{torch_tag(device['torch_version'])}")
+    earlier = latest("estimate", f"{kind}_{card(device['gpu'])}_{torch_tag(device['torch_version'])}")
     folders = [out, *map(Path, args.done), *([earlier] if earlier.is_dir() and not args.fresh else [])]
     pool_bytes = device["total_bytes"] - int(args.reserve_gib * GIB)
-    skipped = _check_libraries([e["id"] for e in chosen])
+    skipped = {e.id: e.skip for e in chosen if e.skip}
     meta = {**device, "date": dt.date.today().isoformat(), "concurrency": args.concurrency,
             "tolerance": args.tolerance}
 
     states: dict[str, EntryState] = {}
     for e in chosen:
-        finished, partial = _load_state(e["id"], folders)
+        finished, partial = _load_state(e.id, folders)
         if finished is not None and (args.no_bisect or finished.get("fits_in_bytes") is not None
                                      or finished.get("error")):
-            if not (out / f"{e['id']}.json").exists():
-                (out / f"{e['id']}.json").write_text(json.dumps(finished, indent=1))
+            if not (out / f"{e.id}.json").exists():
+                (out / f"{e.id}.json").write_text(json.dumps(finished, indent=1))
             continue
-        if e["id"] in skipped:
+        if e.id in skipped:
             continue
-        hint = None
-        if args.predictions:
-            pred = Path(args.predictions) / f"{e['id']}.json"
-            if pred.exists():
-                hint = (json.loads(pred.read_text()).get("estimate") or {}).get("fits_in_bytes")
-        state = EntryState(id=e["id"], hint_bytes=hint, guess_bytes=int(e["rough_peak_gib"] * GIB),
-                           tolerance=args.tolerance)
+        hint = e.hint_bytes
+        state = EntryState(id=e.id, hint_bytes=hint, guess_bytes=e.guess_bytes, tolerance=args.tolerance)
         if finished is not None:  # a peaks-only record (--no-bisect): its trials seed the bisection
             for trial in finished.get("trials", []):
                 if not trial.get("physical_oom"):
@@ -247,7 +288,7 @@ def main() -> None:
         elif partial is not None:
             state = EntryState(**{**asdict(state), **{k: v for k, v in partial.items() if k != "id"}})
             state.hint_bytes = hint if hint is not None else state.hint_bytes
-        states[e["id"]] = state
+        states[e.id] = state
     print(f"{device['gpu']}: {len(states)} entries to measure, {len(chosen) - len(states) - len(skipped)} done "
           f"already, {len(skipped)} skipped (missing libraries); {args.concurrency} trials at a time, "
           f"{args.budget_s:.0f} s budget", flush=True)
@@ -276,7 +317,7 @@ def main() -> None:
         else:
             (out / f"{state.id}.partial.json").write_text(json.dumps(asdict(state), indent=1))
 
-    spec_of = {i: f"{HERE / 'corpus.py'}:{i}" for i in states}
+    spec_of = {e.id: e.spec for e in chosen}
     waiting = list(states)  # entries with no trial running, in corpus order
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
         while waiting or running:
