@@ -383,6 +383,46 @@ def test_item_in_forward_is_survived_with_a_warning():
     assert any(".item()" in w for w in trace.warnings)
 
 
+class _Branching(torch.nn.Module):
+    """A forward that runs a 16 MiB-wide branch or a 1 MiB one, as ``decide(x, h)`` says (x the input, h the first
+    layer's output: the model's values)."""
+
+    def __init__(self, decide) -> None:  # noqa: ANN001
+        super().__init__()
+        self.first = torch.nn.Linear(1024, 1024, bias=False)
+        self.wide = torch.nn.Linear(1024, 16 * 1024, bias=False)
+        self.narrow = torch.nn.Linear(1024, 1024, bias=False)
+        self.decide = decide
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        return self.wide(h)[:, :1024] if self.decide(x, h) else self.narrow(h)
+
+
+def _branch_taken(decide) -> tuple[str, dict[str, str]]:  # noqa: ANN001
+    trace = trace_workload(_linear_workload(model=lambda: _Branching(decide)), GPU, steps=2)
+    wide = 256 * 16 * 1024 * 4  # the wide layer's output, fp32
+    taken = {a.nbytes for a in trace.allocs if a.phase == "forward" and a.op == "mm"}
+    assert wide in taken or 256 * 1024 * 4 in taken
+    return ("wide" if wide in taken else "narrow"), dict(trace.uncertain)
+
+
+def test_a_condition_on_the_batch_takes_the_branch_its_values_take():
+    # `if x.abs().sum() > 0:` is true for real data; zeros (what a fake tensor would read) take the other branch
+    taken, uncertain = _branch_taken(lambda x, h: x.abs().sum() > 0)
+    assert taken == "wide"
+    assert "value_branch" in uncertain  # named, and the bound stays wider: other data may branch otherwise
+    taken, _ = _branch_taken(lambda x, h: x.abs().sum() < 0)  # never true: the same values take the narrow one
+    assert taken == "narrow"
+
+
+def test_a_condition_on_the_models_values_takes_the_branch_a_real_forward_takes():
+    # the first layer's output: its values come from the weights, so one real CPU forward decides, in every step
+    taken, uncertain = _branch_taken(lambda x, h: h.abs().mean() > 0)
+    assert taken == "wide" and "value_branch" in uncertain
+    assert _branch_taken(lambda x, h: h.abs().mean() > 1e9)[0] == "narrow"
+
+
 def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
     # timm's RegNet computes its stage widths with torch.unique in __init__: fake tensors have no values, so the
     # model is built for real and traced with fake copies of its parameters

@@ -525,7 +525,7 @@ class GroupedExperts(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids).flatten(0, 1)  # tokens sorted by expert, equal groups
         per = x.shape[0] // self.experts
-        offs = torch.arange(1, self.experts + 1, dtype=torch.int32) * per
+        offs = torch.arange(1, self.experts + 1, dtype=torch.int32, device=x.device) * per
         y = torch._grouped_mm(x.to(self.w.dtype), self.w, offs=offs)
         return self.head(y)
 

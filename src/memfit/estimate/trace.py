@@ -193,6 +193,10 @@ def _fake_like(real: Any) -> Any:
     return real
 
 
+CONDITION = "a condition on tensor values"
+"""What ``_ValuesNeededToTrace`` names for a ``bool()`` of a value the trace does not have (an ``if`` on a tensor)."""
+
+
 class _ValuesNeededToTrace(Exception):
     """An op of the step sizes its output by values computed from data: (op, where in the user's code, whether
     the values come from the model's parameters, so that the batch's values cannot decide them)."""
@@ -424,8 +428,8 @@ class _Recorder(tp.TorchDispatchMode):
         if self.silent:
             return func(*args, **kwargs)
         name = tp.op_short_name(func)
-        call = None  # the index of a value-dependent op in this forward and loss, in RealForward's order
-        if self.phase in ("forward", "loss") and is_dynamic(func, name):
+        call = None  # the index of a value-dependent op or value read in this forward and loss, in RealForward's order
+        if self.phase in ("forward", "loss") and (is_dynamic(func, name) or name == "_local_scalar_dense"):
             call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
         if name in sparse.RULES and not self.real:
             # sparse COO tensors (sparse gradients): FakeTensorMode's kernels lose their nnz or have none
@@ -460,6 +464,8 @@ class _Recorder(tp.TorchDispatchMode):
         if name == "_local_scalar_dense":
             known = self.values.scalar(args[0])
             if known is not None:  # a value computed from constants: the real one, no guess
+                if self.real and call is not None and self.real_forward is not None:
+                    self.real_forward.keep(name, args, known)
                 self.costs.record(func, name, args, kwargs, known, sync=not self._is_optimizer_state(args[0]))
                 return known
         try:
@@ -475,23 +481,25 @@ class _Recorder(tp.TorchDispatchMode):
                 for t in _output_tensors(out):
                     self.track(t, name)
                 return out
-            out = self._sized_without_all_values(name, args, kwargs, call)
-            if out is not None:
-                self.costs.record(func, name, args, kwargs, out)
-                for t in _output_tensors(out):
-                    self.track(t, name)
-                return out
-            if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
-                # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead, see
-                # _build_model. A constructor's .item() reads 0 below, as in the step: timm's models read their
-                # drop-path rates that way, and a real build costs host memory for every parameter.
-                raise _ValuesNeededToBuild(name) from exc
-            if isinstance(exc, tp.DynamicOutputShapeException):
-                # the size depends on values made from data (a detector's matched boxes): run the step for real
-                raise _ValuesNeededToTrace(name, user_frame(), self._reads_model(deciding_inputs(name, args))) from exc
-            if name != "_local_scalar_dense":
+            if name == "_local_scalar_dense":  # a value read (bool(), .item()): no size, a value to decide
+                out = self._data_dependent_scalar(args[0], call)
+            else:
+                out = self._sized_without_all_values(name, args, kwargs, call)
+                if out is not None:
+                    self.costs.record(func, name, args, kwargs, out)
+                    for t in _output_tensors(out):
+                        self.track(t, name)
+                    return out
+                if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
+                    # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead,
+                    # see _build_model. A constructor's .item() reads 0 below, as in the step: timm's models read
+                    # their drop-path rates that way, and a real build costs host memory for every parameter.
+                    raise _ValuesNeededToBuild(name) from exc
+                if isinstance(exc, tp.DynamicOutputShapeException):
+                    # the size depends on values made from data (a detector's matched boxes): run the step for real
+                    raise _ValuesNeededToTrace(name, user_frame(),
+                                               self._reads_model(deciding_inputs(name, args))) from exc
                 raise
-            out = self._data_dependent_scalar(args[0])
         except tp.UnsupportedOperatorException as exc:
             if name == "_ctc_loss_backward":
                 out, scratch = ctc_loss_backward(args)
@@ -596,8 +604,10 @@ class _Recorder(tp.TorchDispatchMode):
         found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
         if found is None:
             return None
-        outs: list[Any] = [None if t is None else _fake_like(t) for t in found.outputs]
-        for f, r in zip(outs, found.outputs):
+        # a dynamic op returns tensors (or None); only value reads (_data_dependent_scalar) returned Python scalars
+        returned = [t if isinstance(t, torch.Tensor) else None for t in found.outputs]
+        outs: list[Any] = [None if t is None else _fake_like(t) for t in returned]
+        for f, r in zip(outs, returned):
             if f is not None and r is not None and r.device.type != "meta":
                 self.values.keep(f, r)
         self.sized_by.setdefault("real forward", f"{name} at {user_frame()}")
@@ -721,7 +731,7 @@ class _Recorder(tp.TorchDispatchMode):
                 return True
         return False
 
-    def _data_dependent_scalar(self, t: torch.Tensor) -> Any:
+    def _data_dependent_scalar(self, t: torch.Tensor, call: int | None) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
         if self.phase == "optimizer":
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
@@ -729,6 +739,15 @@ class _Recorder(tp.TorchDispatchMode):
             # torch.nn.init's functions only write the values of the tensor they are given: their conditions
             # (trunc_normal_'s rejection loop asks `mask.any()`) decide which values, never which tensors exist
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        found = self.real_forward.lookup(call, "_local_scalar_dense", (t,)) \
+            if call is not None and self.real_forward is not None else None
+        if found is not None and found.outputs[0] is not None:
+            return found.outputs[0]  # what the real forward read here
+        if t.dtype == torch.bool and self.phase in ("forward", "loss") and self.real_forward is None \
+                and not self.building_model:
+            # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
+            # decide it, as for a value-dependent size (trace_workload), rather than take a branch real data may not
+            raise _ValuesNeededToTrace(CONDITION, user_frame(), self._reads_model([t]))
         # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
         reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
         if reason not in self.trace.uncertain:
@@ -809,12 +828,19 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
 
 
 def _sized_from(trace: Trace, source: str, op: str, where: str) -> Trace:
-    """Say in ``trace`` that value-dependent sizes (first: ``op`` at ``where``) came from ``source``."""
-    msg = (f"the step calls {op} at {where}, whose output size depends on values that fake tensors do not have: "
-           f"memfit took the sizes from {source}.")
+    """Say in ``trace`` that value-dependent sizes or conditions (first: ``op`` at ``where``) came from ``source``.
+
+    A condition keeps the ``value_branch`` widening: real data may take the other branch."""
+    if op == CONDITION:
+        msg = (f"the step branches on tensor values at {where}, which fake tensors do not have: memfit took each "
+               f"branch the way {source} took it. Other data may take another branch.")
+        trace.uncertain["value_branch"] = f"{op} at {where}: each branch the way {source} took it"
+    else:
+        msg = (f"the step calls {op} at {where}, whose output size depends on values that fake tensors do not "
+               f"have: memfit took the sizes from {source}.")
+        trace.uncertain["data_dependent_shape"] = f"{op} at {where}: sizes from {source}"
     log.warning(msg)
     trace.warnings.insert(0, msg)
-    trace.uncertain["data_dependent_shape"] = f"{op} at {where}: sizes from {source}"
     return trace
 
 
