@@ -222,8 +222,9 @@ def zoo_entries(predictions: str, ids: list[str] | None) -> list[Entry]:
     from registry import entries as zoo
 
     estimates = {r["name"]: r.get("estimate") or {} for r in json.loads(Path(predictions).read_text())["rows"]}
-    found = [e for e in zoo() if not ids or e.name in ids]
-    random.Random(ZOO_ORDER_SEED).shuffle(found)
+    found = zoo()
+    random.Random(ZOO_ORDER_SEED).shuffle(found)  # the whole zoo's order, whatever is chosen from it
+    found = [e for e in found if not ids or e.name in ids]
     return [Entry(e.name, e.spec, estimates.get(e.name, {}).get("device_bytes") or 4 * GIB,
                   estimates.get(e.name, {}).get("fits_in_bytes"), _missing(e.requires)) for e in found]
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The zoo measured on the GPU (memory only, trials side by side): every entry's peaks first (one trial each), then
 # the smallest cap that runs, entry by entry in the zoo's seeded order, until the budget ends. Run from the
-# repository root with .whl carried (MONAI, smp, nnU-Net's networks); writes under $OUT. Again with the folder of
-# an earlier call as $1 to go on from it.
+# repository root with .whl carried (MONAI, smp, nnU-Net's networks); writes under $OUT, and packs the results
+# folder into one archive (a call brings back a limited number of files).
 #   bash benchmarks/estimate/device_zoo.sh                 # first call: peaks of all, then bisection
-#   bash benchmarks/estimate/device_zoo.sh path/to/folder  # later calls: the bisection goes on
+#   bash benchmarks/estimate/device_zoo.sh NAME,NAME,...   # later calls: the bisection of the entries left
 set -u
 . benchmarks/estimate/_site.sh
 COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261127.json
@@ -12,8 +12,8 @@ DEST="$OUT/$(python3 -c "
 import sys, torch; sys.path.insert(0, 'benchmarks'); from _results import card, stem
 print(stem('zoo_measurements', card(torch.cuda.get_device_name(0)), torch.__version__))")"
 COMMON=(--zoo "$COVERAGE" --out "$DEST" --concurrency 12 --reserve-gib 6)
-if [ $# -ge 1 ]; then
-  timeout 580 python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --done "$1" --budget-s 540 \
+if [ $# -ge 1 ]; then  # $1: the entries left, comma-separated
+  timeout 520 python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --ids "$1" --budget-s 490 \
     > "$OUT/zoo_bisect.log" 2>&1
 else
   timeout 300 python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --no-bisect --budget-s 270 \
@@ -22,3 +22,4 @@ else
   timeout 290 python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --budget-s 260 > "$OUT/zoo_bisect.log" 2>&1
 fi
 tail -n 12 "$OUT/zoo_bisect.log"
+tar czf "$DEST.tar.gz" -C "$OUT" "$(basename "$DEST")" && rm -rf "$DEST"
