@@ -5,6 +5,8 @@
 # folder into one archive (a call brings back a limited number of files).
 #   bash benchmarks/estimate/device_zoo.sh                 # first call: peaks of all, then bisection
 #   bash benchmarks/estimate/device_zoo.sh NAME,NAME,...   # later calls: the bisection of the entries left
+#                                                          # (ZOO_BUDGET_S seconds, default 490; it goes on from
+#                                                          # the committed folder's partial entries)
 set -u
 . benchmarks/estimate/_site.sh
 COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261127.json
@@ -13,7 +15,8 @@ import sys, torch; sys.path.insert(0, 'benchmarks'); from _results import card, 
 print(stem('zoo_measurements', card(torch.cuda.get_device_name(0)), torch.__version__))")"
 COMMON=(--zoo "$COVERAGE" --out "$DEST" --concurrency 12 --reserve-gib 6)
 if [ $# -ge 1 ]; then  # $1: the entries left, comma-separated
-  timeout 520 python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --ids "$1" --budget-s 490 \
+  BUDGET=${ZOO_BUDGET_S:-490}
+  timeout $((BUDGET + 30)) python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --ids "$1" --budget-s "$BUDGET" \
     > "$OUT/zoo_bisect.log" 2>&1
 else
   timeout 300 python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --no-bisect --budget-s 270 \
