@@ -423,6 +423,16 @@ def test_a_condition_on_the_models_values_takes_the_branch_a_real_forward_takes(
     assert _branch_taken(lambda x, h: h.abs().mean() > 1e9)[0] == "narrow"
 
 
+def test_a_condition_on_a_random_draw_is_taken_as_skipping_nothing():
+    # LayerDrop (wav2vec2's encoder): `if torch.rand([]) < p: skip`. Each step draws again, so no one run decides;
+    # False runs the wide branch, the largest step. A real forward's draw would skip it a tenth of the time
+    taken, uncertain = _branch_taken(lambda x, h: not bool(torch.rand([]) < 0.9))
+    assert taken == "wide"
+    assert "random draw" in uncertain["value_branch"]
+    taken, _ = _branch_taken(lambda x, h: not bool(torch.rand([], device=x.device) * 0 + h.abs().mean() < 1e9))
+    assert taken == "wide"  # a draw mixed with the model's values is still a draw
+
+
 def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
     # timm's RegNet computes its stage widths with torch.unique in __init__: fake tensors have no values, so the
     # model is built for real and traced with fake copies of its parameters

@@ -193,6 +193,23 @@ def _fake_like(real: Any) -> Any:
     return real
 
 
+_RANDOM_OPS = frozenset(
+    "rand rand_like randn randn_like randint randint_like randperm bernoulli normal multinomial native_dropout "
+    "bernoulli_ normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_".split())
+"""Ops that draw from the random generator (as ``memfit._torch_private.op_short_name`` names them)."""
+
+
+def _reads(storages: Any, args: Any) -> bool:
+    """Whether any tensor among ``args`` (nested in lists) has its storage in ``storages``."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.layout == torch.strided and a.untyped_storage() in storages:
+                return True
+        elif isinstance(a, (list, tuple)) and _reads(storages, a):
+            return True
+    return False
+
+
 CONDITION = "a condition on tensor values"
 """What ``_ValuesNeededToTrace`` names for a ``bool()`` of a value the trace does not have (an ``if`` on a tensor)."""
 
@@ -280,8 +297,11 @@ class _Recorder(tp.TorchDispatchMode):
         self._from_model: Any = tp.WeakIdKeyDictionary()
         """Storages whose values the model's parameters or buffers went into (in forward and loss): a size decided
         by them needs the real forward, not the batch's values."""
+        self._drawn: Any = tp.WeakIdKeyDictionary()
+        """Storages whose values a random draw of forward or loss went into (``torch.rand([]) < layerdrop``): a
+        condition on them takes another branch each step, so neither the batch nor one real forward decides it."""
         self.sized_by: dict[str, str] = {}
-        """How the sizes of value-dependent ops were found ("batch", "real forward") -> the first op, where."""
+        """Where the sizes of value-dependent ops came from (the batch's values, a real forward) -> the first op."""
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
@@ -534,9 +554,13 @@ class _Recorder(tp.TorchDispatchMode):
         else:
             self.values.forget_written(func, args)
             self.bounds.follow(name, args, kwargs, out)
-        if not self.real and self.phase in ("forward", "loss") and self._reads_model(args):
-            for t in _output_tensors(out):
-                self._from_model[t.untyped_storage()] = True
+        if not self.real and self.phase in ("forward", "loss"):
+            if self._reads_model(args):
+                for t in _output_tensors(out):
+                    self._from_model[t.untyped_storage()] = True
+            if name in _RANDOM_OPS or _reads(self._drawn, args):
+                for t in _output_tensors(out):
+                    self._drawn[t.untyped_storage()] = True
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
@@ -599,7 +623,7 @@ class _Recorder(tp.TorchDispatchMode):
                 for f, r in zip(_output_tensors(out), real if isinstance(real, (tuple, list)) else (real,)):
                     if r is not None:
                         self.values.keep(f, r)
-            self.sized_by.setdefault("batch", f"{name} at {user_frame()}")
+            self._sized_by("the batch's values", name)
             return out
         found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
         if found is None:
@@ -610,8 +634,15 @@ class _Recorder(tp.TorchDispatchMode):
         for f, r in zip(outs, returned):
             if f is not None and r is not None and r.device.type != "meta":
                 self.values.keep(f, r)
-        self.sized_by.setdefault("real forward", f"{name} at {user_frame()}")
+        self._sized_by("one real CPU forward", name)
         return tuple(outs) if found.multiple else outs[0]
+
+    def _sized_by(self, source: str, name: str) -> None:
+        """Note that a value-dependent size came from ``source`` (a retry's values): the bound widens for it
+        (``trace_workload``'s message replaces this one where such a size caused the retry)."""
+        where = f"{name} at {user_frame()}"
+        self.sized_by.setdefault(source, where)
+        self.trace.uncertain.setdefault("data_dependent_shape", f"{where}: sizes from {source}")
 
     def _layer_norm_copy(self, name: str, args: Any) -> int | None:
         """The contiguous copy the CUDA layer norm makes of a permuted input (ConvNeXt, Swin, a ViT's residual
@@ -722,14 +753,7 @@ class _Recorder(tp.TorchDispatchMode):
         self._from_model[t.untyped_storage()] = True
 
     def _reads_model(self, args: Any) -> bool:
-        from_model = self._from_model
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if a.layout == torch.strided and a.untyped_storage() in from_model:
-                    return True
-            elif isinstance(a, (list, tuple)) and self._reads_model(a):
-                return True
-        return False
+        return _reads(self._from_model, args)
 
     def _data_dependent_scalar(self, t: torch.Tensor, call: int | None) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
@@ -739,6 +763,12 @@ class _Recorder(tp.TorchDispatchMode):
             # torch.nn.init's functions only write the values of the tensor they are given: their conditions
             # (trunc_normal_'s rejection loop asks `mask.any()`) decide which values, never which tensors exist
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        if t.dtype == torch.bool and _reads(self._drawn, [t]):
+            # a fresh draw each step (LayerDrop's `torch.rand([]) < p`): no one run decides it. False is the draw at
+            # which stochastic depth and LayerDrop skip nothing, their largest step
+            self.trace.uncertain.setdefault("value_branch", f"a condition on a random draw at {user_frame()} was "
+                                            "taken as False (LayerDrop and stochastic depth then skip nothing)")
+            return False
         found = self.real_forward.lookup(call, "_local_scalar_dense", (t,)) \
             if call is not None and self.real_forward is not None else None
         if found is not None and found.outputs[0] is not None:
