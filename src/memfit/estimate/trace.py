@@ -831,6 +831,8 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
     first step's forward and loss run once for real on the CPU (without autograd, its large products and batch
     norms stood in for by noise of their scale: ``ProductStandIns``), and the steps are traced again with the
     sizes it gave. Only if that is not enough either (a value-dependent size in backward) do all the steps run for real.
+    A condition on values (``if x.abs().sum() > 0:``) goes the same way, the real forward handing over what it read;
+    one on a random draw of the step (LayerDrop) is taken as False, the draw that skips nothing.
     Each way is said in a warning and in ``uncertain``.
     """
     try:
