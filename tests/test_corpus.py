@@ -150,7 +150,7 @@ def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: p
     monkeypatch.setattr(measure, "run_trial", fake_trial)
     monkeypatch.setattr(measure_corpus, "_device", lambda: {
         "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
-    monkeypatch.setattr(measure_corpus, "_check_libraries", lambda ids: {})
+    monkeypatch.setattr(measure_corpus, "_missing", lambda modules: "")
     argv = ["measure_corpus.py", "--out", str(tmp_path), "--ids", ",".join(ids), "--concurrency", "4",
             "--budget-s", "60"]
     monkeypatch.setattr(sys, "argv", argv)
@@ -184,7 +184,7 @@ def test_a_peaks_only_record_seeds_the_bisection(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(measure, "run_trial", fake_trial)
     monkeypatch.setattr(measure_corpus, "_device", lambda: {
         "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
-    monkeypatch.setattr(measure_corpus, "_check_libraries", lambda ids: {})
+    monkeypatch.setattr(measure_corpus, "_missing", lambda modules: "")
     peaks, full = tmp_path / "peaks", tmp_path / "full"
     monkeypatch.setattr(sys, "argv", ["m", "--out", str(peaks), "--ids", entry, "--no-bisect", "--budget-s", "60"])
     measure_corpus.main()
