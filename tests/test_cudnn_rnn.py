@@ -10,10 +10,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memfit import Workload
 from memfit._torch_private import StaticShapeFakeTensorMode
 from memfit.estimate.allocator import ALLOC, FREE, smallest_fitting_capacity
 from memfit.estimate.cuda_emulation import CudaSemantics
 from memfit.estimate.cudnn_rnn import (
+    RESERVE_PAD_BYTES,
+    RESERVE_PER_LAYER,
     RNNShape,
     dropout_state_bytes,
     rnn_algorithm,
@@ -334,3 +337,35 @@ def test_corpus_rnns_trace_to_the_cap_their_measured_allocator_stream_needs(entr
 
     traced = trace_workload(corpus.workload(entry), H200).events()
     assert smallest_fitting_capacity(traced) == smallest_fitting_capacity(_measured_stream(entry))
+
+
+class _PackedLSTM(torch.nn.Module):
+    def __init__(self, packed: bool) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(64, 128, num_layers=2, bidirectional=True)
+        self.packed = packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.packed:
+            return self.lstm(x)[0].sum()
+        lengths = [100 - 10 * i for i in range(x.shape[1])]  # 100, 90, ... 30: 520 of 800 padded rows
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=True)
+        return self.lstm(packed)[0].data.sum()
+
+
+def test_a_packed_sequences_reserve_and_workspace_scale_with_its_rows_not_its_padding():
+    def rnn_buffers(packed: bool) -> list[int]:
+        w = Workload(model=lambda: _PackedLSTM(packed), batch=lambda n: (torch.randn(100, n, 64),),
+                     loss=lambda out, b: out, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8)
+        trace = trace_workload(w, H200, steps=1)
+        # the reserve (kept from forward to backward) and the backward's workspace: the call's byte buffers
+        return sorted((a.nbytes for a in trace.allocs if a.dtype == "uint8" and a.nbytes > 1 << 20), reverse=True)
+
+    padded, packed = rnn_buffers(False), rnn_buffers(True)
+    rows, padding = sum(100 - 10 * i for i in range(8)), 100 * 8
+    shape = RNNShape(mode="LSTM", seq=100, batch=8, input_size=64, hidden=128, layers=2, directions=2,
+                     dtype=torch.float32)
+    assert rnn_reserve_bytes(shape) in padded and rnn_reserve_bytes(shape) not in packed
+    # the reserve's rule with the rows in place of time steps × batch: 520 × 128 hidden × 2 directions per layer
+    by_rows = rows * 128 * 2 * (RESERVE_PER_LAYER["LSTM"] * 2 - 1) * 4 + RESERVE_PAD_BYTES
+    assert by_rows in packed and rows < padding

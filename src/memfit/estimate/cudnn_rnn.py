@@ -138,6 +138,16 @@ class RNNShape:
     def itemsize(self) -> int:
         return self.dtype.itemsize
 
+    @property
+    def steps_times_batch(self) -> int:
+        """What cuDNN's reserve and workspace scale with: time steps × batch, or for a packed sequence its rows
+        (the sum of the lengths). A packed call's descriptors give each time step its own batch size
+        (aten/src/ATen/native/cudnn/RNN.cpp, the batch sizes of the packed input), and cuDNN sizes the buffers
+        by them: on the zoo's packed biLSTM (64 sequences of 100-400 steps, 16,108 rows of 25,600 padded) the
+        padded sizes put the peak 48 % over the H100's measurement, the rows 1.4 % over
+        (benchmarks/results/estimate/zoo_accuracy_h100_torch2.11_20261127*.md; zoo data, no constant fitted)."""
+        return self.rows if self.rows is not None else self.seq * self.batch
+
 
 def rnn_algorithm(s: RNNShape, gpu: GpuSpec, *, forward: bool) -> Algorithm:
     """The algorithm PyTorch asks cuDNN for (aten/src/ATen/native/cudnn/RNN.cpp, get_algo; unpacked input) and, for
@@ -166,7 +176,7 @@ def rnn_algorithm(s: RNNShape, gpu: GpuSpec, *, forward: bool) -> Algorithm:
 
 def rnn_reserve_bytes(s: RNNShape, *, dropout: bool = False) -> int:
     """The reserve space one training call keeps from forward to backward (with dropout: its masks too)."""
-    per_step = s.seq * s.batch * s.hidden * s.directions
+    per_step = s.steps_times_batch * s.hidden * s.directions
     bits = DROPOUT_MASK_BITS_PER_DIRECTION * s.directions
     masks = per_step * (s.layers - 1) * bits // 8 if dropout and s.layers > 1 else 0
     return per_step * (RESERVE_PER_LAYER[s.mode] * s.layers - 1) * s.itemsize + masks + RESERVE_PAD_BYTES
@@ -191,7 +201,7 @@ def rnn_workspace_bytes(s: RNNShape, weight_bytes: int, algorithm: Algorithm, *,
             a, b, c = _WORKSPACE_DROPOUT[mode]
         else:
             a += DROPOUT_WORKSPACE_ELEMENTS
-    tn = s.seq * s.batch
+    tn = s.steps_times_batch
     wider = _WORKSPACE_WIDER_INPUT.get((algorithm, mode, s.directions, s.layers > 1), 0)
     elements = ((a - wider) * tn * s.hidden + wider * tn * max(s.hidden, s.input_size) + b * tn * s.input_size
                 + c * s.layers * s.batch * s.hidden)
@@ -374,7 +384,7 @@ class RNNEmulation:
             hx = hx.to(half)
             input = input.to(half)
         directions = 2 if bidirectional else 1
-        if packed is not None:  # (time steps, largest batch); the reserve and workspace sized as for that padding
+        if packed is not None:  # (time steps, largest batch); the reserve and workspace scale with the rows
             seq, batch = packed
         else:
             seq, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
