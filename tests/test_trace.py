@@ -160,6 +160,36 @@ def test_attention_never_materialises_the_score_matrix():
 
 
 
+@pytest.mark.parametrize("d, precision, kernel", [
+    (36, "bf16", "flash, padded"),   # MobileViT's head size: CUDA's flash pads q, k, v to 40
+    (36, "fp32", "efficient"),       # fp32: no flash; the memory-efficient kernel needs 4-aligned heads, as 36 is
+    (30, "fp32", "math"),            # and 30 is not: math, with the score matrix
+])
+def test_a_head_size_that_is_not_a_multiple_of_8_goes_where_cuda_sends_it(d, precision, kernel):  # noqa: ANN001
+    b, h, seq = 2, 4, 256
+
+    class Attn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(d * h, 3 * d * h)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    w = Workload(model=Attn, batch=lambda n: (torch.randn(n, seq, d * h),), loss=lambda out, bt: out.float().mean(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=b, precision=precision)
+    allocs = trace_workload(w, GPU, steps=1).allocs
+    scores = [a for a in allocs if a.shape[-2:] == (seq, seq)]
+    padded = [a for a in allocs if a.shape == (b, h, seq, 40) and a.phase == "forward"]
+    if kernel == "math":
+        assert scores and not padded
+    elif kernel == "flash, padded":
+        assert not scores and len(padded) >= 3  # q, k and v padded to 40, kept for backward
+    else:
+        assert not scores and not padded
+
+
 def test_attention_with_a_learned_bias_takes_the_memory_efficient_kernel():
     # T5's relative-position bias is a parameter passed as attn_mask: CUDA's memory-efficient kernel returns its
     # grad (the CPU flash kernel refuses to), saving the output and a log-sum-exp padded to 32 queries

@@ -253,9 +253,11 @@ def _cuda_sdpa(
         # grouped keys: only flash (fp16/bf16, no mask) takes them; the memory-efficient kernel does not
         # (Hugging Face passes enable_gqa only without a mask, for this reason: its use_gqa_in_sdpa)
         return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
-    if query.shape[-1] % (8 if half else 4) or value.shape[-1] % (8 if half else 4):
-        # head sizes the fused kernels' GEMMs cannot align: 8 elements for fp16/bf16, 4 for fp32 on sm80+
-        # (sdp_utils.cpp, minimum_gemm_alignment)
+    unaligned = query.shape[-1] % (8 if half else 4) or value.shape[-1] % (8 if half else 4)
+    flash_pads = half and attn_mask is None and query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256
+    if unaligned and not flash_pads:
+        # head sizes the memory-efficient kernel's GEMMs cannot align: 8 elements for fp16/bf16, 4 for fp32 on
+        # sm80+ (sdp_utils.cpp, minimum_gemm_alignment); flash does not take fp32 or a mask
         return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if not _fused_strides(query, key, value, attn_mask):
         # CUDA's fused kernels need a unit stride along the last dimension of q, k, v and the mask; the CPU's
@@ -284,6 +286,16 @@ def _cuda_sdpa(
         # a real step (sizes that depend on data): the CPU kernel has no dropout, and CUDA's flash kernel keeps
         # no mask either (it regenerates it from the RNG state), so the saved tensors are the same without it
         dropout_p = 0.0
+    if unaligned:
+        # flash takes any head size up to 256 (sdp_utils.cpp, check_head_dim_size_flash): CUDA pads q, k and v to
+        # a multiple of 8 and slices the output back (attention.cpp, pad_last_dim<8> and
+        # post_process_flash_output), so the kernel saves the padded copies. MobileViT's heads of 36 and 60
+        # went to the math path before, with fp32 B×H×L×L probabilities: 9.8 % over the H100's peak
+        # (benchmarks/results/estimate/zoo_accuracy_h100_torch2.11_20261127.md, timm_mobilevit_s)
+        size = query.shape[-1]
+        scale = size**-0.5 if scale is None else scale
+        query, key, value = (torch.nn.functional.pad(t, (0, -size % 8)) for t in (query, key, value))
+        return tp.sdpa_flash_cpu(query, key, value, None, dropout_p, is_causal, scale)[..., :size]
     return tp.sdpa_flash_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
