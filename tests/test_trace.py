@@ -1,6 +1,7 @@
 """The tracer on models whose memory can be worked out by hand."""
 
 import gc
+from typing import Any
 
 import pytest
 import torch
@@ -188,6 +189,21 @@ def test_a_head_size_that_is_not_a_multiple_of_8_goes_where_cuda_sends_it(d, pre
         assert not scores and len(padded) >= 3  # q, k and v padded to 40, kept for backward
     else:
         assert not scores and not padded
+
+
+def test_a_boolean_index_backward_writes_into_its_zeros_as_cuda_does():
+    # index_backward: _index_put_impl_ in place on plain tensors, index_put out of place on fake ones. One
+    # buffer of the indexed logits' size in backward, not two
+    def loss(out: torch.Tensor, b: Any) -> torch.Tensor:
+        keep = b[1] != -100
+        return torch.nn.functional.cross_entropy(out[keep], b[1][keep])
+
+    w = Workload(model=lambda: torch.nn.Linear(64, 4096), loss=loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                 batch=lambda n: (torch.randn(n, 64), torch.where(torch.rand(n) < 0.5, torch.randint(0, 4096, (n,)),
+                                                                   torch.full((n,), -100))), batch_size=512)
+    trace = trace_workload(w, GPU, steps=1)
+    logits_sized = [a.op for a in trace.allocs if a.phase == "backward" and a.shape == (512, 4096)]
+    assert logits_sized.count("new_zeros") == 1 and "index_put" not in logits_sized
 
 
 def test_attention_with_a_learned_bias_takes_the_memory_efficient_kernel():

@@ -412,6 +412,34 @@ class _Recorder(tp.TorchDispatchMode):
         self._born_in_node[key] = tp.autograd_node_key(node)
         return True
 
+    def _index_put_in_place(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
+        """Account for ``index``'s backward writing the gradient into its zeros in place, as CUDA does.
+
+        ``index_backward`` (torch/csrc/autograd/FunctionsManual.cpp) calls ``_index_put_impl_`` on the fresh zeros
+        for plain tensors and the out-of-place ``index_put`` for tensor-subclass-like ones, which fake tensors
+        are: one buffer of the indexed tensor's size too many under a trace (a loss over the masked positions
+        of a 32k-vocabulary's logits: 500 MiB, the zoo's boolean_mask_loss 8 % over the H100's peak,
+        benchmarks/results/estimate/zoo_accuracy_h100_torch2.11_20261127.md). The result's storage takes over
+        the zeros' allocation, as in ``_accumulate_in_place``."""
+        if name != "index_put" or self.phase != "backward" or torch.is_grad_enabled():
+            return False
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        zeros = args[0]
+        if not accumulate or not isinstance(zeros, torch.Tensor) or not isinstance(out, torch.Tensor):
+            return False
+        if zeros.shape != out.shape or zeros.dtype != out.dtype or zeros.layout != torch.strided:
+            return False
+        storage = zeros.untyped_storage()
+        key = self._live.get(storage)
+        node = tp.current_autograd_node()
+        if key is None or node is None or tp.autograd_node_name(node) != "IndexBackward0" \
+                or self._born_in_node.get(key) != tp.autograd_node_key(node):
+            return False  # not the formula's own zeros
+        self._finalizers.pop(key).detach()
+        del self._live[storage]
+        self._own(out.untyped_storage(), key)
+        return True
+
     def disown(self, storage: Any) -> None:
         """Stop tracking ``storage``: its free is accounted for elsewhere (a copied step's events)."""
         key = self._live.pop(storage, None)
@@ -589,7 +617,7 @@ class _Recorder(tp.TorchDispatchMode):
                     if out[0] is not None else 0
                 self._transient(max(layout, narrow))
             return out
-        if self._accumulate_in_place(name, args, kwargs, out):
+        if self._accumulate_in_place(name, args, kwargs, out) or self._index_put_in_place(name, args, kwargs, out):
             return out
         outputs = _output_tensors(out)
         if name in _ALLOCATION_ORDER and len(outputs) == len(_ALLOCATION_ORDER[name]):
