@@ -311,6 +311,45 @@ def test_cli_prints_the_train_command_and_fails_in_one_line(nnunet_env):  # noqa
 
 
 @needs_nnunet
+def test_settle_takes_a_patch_only_the_bound_keeps_out_when_its_step_runs(nnunet_env):  # noqa: ANN001
+    # a limit between the first rung's best estimate and its upper bound: the bound alone steps down the ladder;
+    # a trial that runs keeps the rung, one that does not changes nothing
+    plans, dataset = _load(nnunet_env / "nnUNetPlans.json"), _load(nnunet_env / "dataset.json")
+    first = estimate(nnunet_workload(plans, dataset, batch_size=2), gpu="h100")
+    assert first.device_bytes < first.device_upper_bytes
+    budget = _budget_for_limit((first.device_bytes + first.device_upper_bytes) // 2)
+    limit = int(budget * (1 - MARGIN))
+    source_patch = tuple(plans["configurations"]["3d_fullres"]["patch_size"])
+    calls = []
+
+    def runs(architecture, patch, batch, channels, cap) -> bool:  # noqa: ANN001
+        calls.append((tuple(patch), batch, channels, cap))
+        return True
+
+    settled = plan_nnunet(DATASET_ID, budget=budget, gpu="h100", margin=MARGIN, name="settled", settle=runs)
+    assert settled.chosen.patch_size == source_patch and settled.chosen.batch_size == 2
+    assert settled.chosen.ran_under_cap and settled.chosen.device_bytes > limit  # the bound alone: over
+    assert calls == [(source_patch, 2, 1, limit - (first.device_bytes - first.fits_in_bytes))]
+    assert settled.ladder[0].ran_under_cap and settled.ladder[0].fits
+    assert any("ran under the cap here" in line for line in settled.summary())
+
+    refused = plan_nnunet(DATASET_ID, budget=budget, gpu="h100", margin=MARGIN, name="refused",
+                          settle=lambda *args: False)
+    plain = plan_nnunet(DATASET_ID, budget=budget, gpu="h100", margin=MARGIN, name="plain")
+    assert refused.chosen.patch_size == plain.chosen.patch_size != source_patch
+    assert refused.ladder[0].ran_under_cap is False and not refused.ladder[0].fits
+    assert all(step.ran_under_cap is None for step in plain.ladder)
+
+
+def test_cli_settle_without_a_gpu_fails_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "memfit.cli", "nnunet", "plan", "4", "--budget", "12GiB",
+                          "--settle"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 2 and "no CUDA GPU here" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@needs_nnunet
 def test_missing_plans_or_dataset_is_a_usage_error(nnunet_env, monkeypatch):  # noqa: ANN001
     with pytest.raises(UsageError, match="no plans .*nope.json"):
         plan_nnunet(DATASET_ID, budget="24GiB", source_plans="nope")

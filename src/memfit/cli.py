@@ -451,6 +451,11 @@ def nnunet_plan(
     margin: float = typer.Option(
         0.02, "--margin", help="Keep the predicted upper bound of device memory under budget × (1 - margin): "
         "room for the workspaces cudnn.benchmark tries, which nnU-Net turns on."),
+    settle: Optional[bool] = typer.Option(
+        None, "--settle/--no-settle",
+        help="Run a patch that only the upper bound keeps out (its best estimate fits) for three steps of "
+        "nnUNetTrainer's step under the budget's cap on this GPU, and take it if it runs (seconds each). Default: "
+        "on when this machine has the --gpu card."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as versioned JSON."),
 ) -> None:
     """Write an nnU-Net plans file whose 3d_fullres patch and batch memfit chose for BUDGET (nnUNet_raw and
@@ -465,7 +470,8 @@ def nnunet_plan(
     from memfit.integrations.nnunet.plan import plan_nnunet
 
     with _running("planning nnU-Net"):
-        result = plan_nnunet(dataset, budget=budget_bytes, gpu=spec, source_plans=plans, name=name, margin=margin)
+        result = plan_nnunet(dataset, budget=budget_bytes, gpu=spec, source_plans=plans, name=name, margin=margin,
+                             settle=_settle_here(settle, spec))
     if json_out:
         typer.echo(result.to_json(indent=2))
         return

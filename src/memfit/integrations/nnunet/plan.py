@@ -33,7 +33,7 @@ from memfit.integrations.nnunet.planner import (
     write_plans,
     write_plans_check,
 )
-from memfit.integrations.nnunet.trainer_step import CONFIGURATION, read_json, require_nnunet
+from memfit.integrations.nnunet.trainer_step import CONFIGURATION, TrainerTrial, read_json, require_nnunet
 from memfit.plan.search import check_budget
 from memfit.records import JsonRecord
 from memfit.units import format_bytes, parse_bytes
@@ -85,7 +85,7 @@ class NnunetPlan(JsonRecord):
         c, d = self.chosen, self.nnunet_default
 
         def line(label: str, p: PatchChoice) -> str:
-            verdict = "fits" if p.fits_budget else "OVER budget"
+            verdict = "ran under the cap here" if p.ran_under_cap else "fits" if p.fits_budget else "OVER budget"
             return (f"  {label:<30} patch {'×'.join(map(str, p.patch_size)):<13} batch {p.batch_size:<3} "
                     f"{p.voxels_per_step / 1e6:6.2f} M voxels/step  memfit predicts {format_bytes(p.device_bytes)} "
                     f"({verdict})")
@@ -158,6 +158,7 @@ def plan_nnunet(
     name: str | None = None,
     margin: float = NNUNET_MARGIN,
     allocator: AllocatorConfig | None = None,
+    settle: bool | TrainerTrial = False,
 ) -> NnunetPlan:
     """Write a plans file beside ``source_plans`` whose 3d_fullres patch and batch fit ``budget``, as memfit
     predicts nnUNetTrainer's step, and return what was chosen.
@@ -177,6 +178,8 @@ def plan_nnunet(
         name: the new plans identifier; default ``<source_plans>_memfit_<budget>``.
         margin: keep memfit's predicted device memory under ``budget × (1 - margin)``.
         allocator: the caching allocator's settings; default from ``PYTORCH_CUDA_ALLOC_CONF``.
+        settle: run a patch that only the upper bound keeps out under the cap on this machine's GPU, and take it
+            if it runs (``memfit_planner``); needs the GPU planned for.
 
     Raises:
         UsageError: nnunetv2 missing, the dataset or its plans not found, or the new plans file exists and memfit
@@ -223,7 +226,8 @@ def plan_nnunet(
     data_identifier = source_config["data_identifier"]
     preprocessor = source_config.get("preprocessor_name", "DefaultPreprocessor")
     with _nnunet_output_to_log():
-        planner = memfit_planner(base, budget_bytes=budget_bytes, gpu=spec, margin=margin, allocator=allocator)(
+        planner = memfit_planner(base, budget_bytes=budget_bytes, gpu=spec, margin=margin, allocator=allocator,
+                                 settle=settle)(
             dataset_name, target_gb, preprocessor, identifier)
         # as ExperimentPlanner.plan_experiment: the median shape's voxels times the number of training cases
         n_voxels = float(np.prod(median, dtype=np.float64) * planner.dataset_json["numTraining"])

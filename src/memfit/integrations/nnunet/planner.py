@@ -26,7 +26,12 @@ from memfit.errors import BudgetTooSmallError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
-from memfit.integrations.nnunet.trainer_step import require_nnunet, trainer_workload
+from memfit.integrations.nnunet.trainer_step import (
+    TrainerTrial,
+    require_nnunet,
+    trainer_workload,
+    trials_on_this_gpu,
+)
 from memfit.plan.search import check_budget
 from memfit.units import format_bytes
 
@@ -51,7 +56,10 @@ class LadderStep:
     device_bytes: int
     """memfit's ``device_upper_bytes`` at the smallest batch nnU-Net allows (2)."""
     fits: bool
-    """``device_bytes <= budget × (1 - margin)``."""
+    """``device_bytes <= budget × (1 - margin)``, or the step ran under the cap on this GPU (``ran_under_cap``)."""
+    ran_under_cap: bool | None = None
+    """Where only the upper bound kept the patch out (its best estimate fits) and the plan settles on the GPU:
+    whether nnUNetTrainer's step ran under the cap there. None: not tried."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class PatchChoice:
     """What ``torch.cuda.max_memory_allocated()`` would report."""
     fits_budget: bool
     """``device_bytes <= budget``."""
+    ran_under_cap: bool | None = None
+    """The step ran under the plan's cap on this GPU (``LadderStep.ran_under_cap``); None: not tried."""
 
     @property
     def voxels_per_step(self) -> int:
@@ -78,9 +88,9 @@ class PlanEstimates:
     """memfit's estimates of nnUNetTrainer's step during one planning run, each network and patch once."""
 
     def __init__(self, gpu: GpuSpec, allocator: AllocatorConfig, budget_bytes: int, margin: float,
-                 label_manager: Any) -> None:
+                 label_manager: Any, settle: TrainerTrial | None = None) -> None:
         check_budget(budget_bytes, margin)
-        self.gpu, self.allocator, self.label_manager = gpu, allocator, label_manager
+        self.gpu, self.allocator, self.label_manager, self.settle = gpu, allocator, label_manager, settle
         self.budget_bytes, self.margin = budget_bytes, margin
         self.limit_bytes = int(budget_bytes * (1 - margin))
         context = gpu.context_bytes(uses_cublas=False)
@@ -90,17 +100,24 @@ class PlanEstimates:
                 f"context alone on {gpu.name} ({format_bytes(context)}): no nnU-Net network fits. Give the memory "
                 "this process may use, e.g. --budget 24GiB.")
         self.known: dict[str, Estimate] = {}
+        self.ran: dict[str, bool] = {}
+        """Trials under the cap (``settle``), by the estimate's key."""
         self.ladder: list[LadderStep] = []
         self.runs = 0
 
-    def estimate(self, architecture: Mapping[str, Any], patch: Sequence[int], batch: int,
-                 input_channels: int) -> Estimate:
+    @staticmethod
+    def _key(architecture: Mapping[str, Any], patch: Sequence[int], batch: int,
+             input_channels: int) -> tuple[str, dict[str, Any]]:
         from nnunetv2.utilities.json_export import recursive_fix_for_json_export
 
         arch = copy.deepcopy(dict(architecture))
         recursive_fix_for_json_export(arch)  # numpy integers and tuples as nnU-Net writes them: one key per network
+        return json.dumps([arch, [int(p) for p in patch], int(batch), int(input_channels)], sort_keys=True), arch
+
+    def estimate(self, architecture: Mapping[str, Any], patch: Sequence[int], batch: int,
+                 input_channels: int) -> Estimate:
+        key, arch = self._key(architecture, patch, batch, input_channels)
         patch_size = tuple(int(p) for p in patch)
-        key = json.dumps([arch, patch_size, batch, input_channels], sort_keys=True)
         if key not in self.known:
             w = trainer_workload(arch, patch_size, batch, num_input_channels=input_channels,
                                  label_manager=self.label_manager)
@@ -115,11 +132,13 @@ class PlanEstimates:
 
     def rung(self, architecture: Mapping[str, Any], patch: Sequence[int], batch: int, input_channels: int,
              smallest_edge: int) -> int:
-        """What nnU-Net's ladder compares with its reference: memfit's device bytes at this patch."""
+        """What nnU-Net's ladder compares with its reference: memfit's device bytes at this patch (the limit itself
+        where the upper bound is over it, the best estimate under it, and the step ran under the cap)."""
         est = self.estimate(architecture, patch, batch, input_channels)
+        ran = self.settled(architecture, patch, batch, input_channels, est)
         step = LadderStep(patch_size=tuple(int(p) for p in patch),
                           strides=tuple(tuple(int(s) for s in row) for row in architecture["arch_kwargs"]["strides"]),
-                          device_bytes=est.device_upper_bytes, fits=self.fits(est))
+                          device_bytes=est.device_upper_bytes, fits=self.fits(est) or bool(ran), ran_under_cap=ran)
         self.ladder.append(step)
         if not step.fits and all(p <= smallest_edge for p in step.patch_size):
             # nnU-Net's loop would go on below the network's smallest feature map (and crash at a 0-voxel axis)
@@ -127,7 +146,22 @@ class PlanEstimates:
                 f"no patch on nnU-Net's ladder fits {format_bytes(self.budget_bytes)} at batch {batch}: the smallest, "
                 f"{'×'.join(map(str, step.patch_size))}, needs {format_bytes(step.device_bytes)}. "
                 "Try a larger budget or a GPU with more memory.")
-        return est.device_upper_bytes
+        return min(est.device_upper_bytes, self.limit_bytes) if ran else est.device_upper_bytes
+
+    def settled(self, architecture: Mapping[str, Any], patch: Sequence[int], batch: int, input_channels: int,
+                est: Estimate) -> bool | None:
+        """Whether the step ran under the cap on this GPU, where only the upper bound keeps it out (its best
+        estimate fits the limit) and there is a ``settle``; None where nothing was tried. The cap is the limit
+        less the CUDA context the estimate assumes; each network, patch and batch is tried once."""
+        if self.settle is None or self.fits(est) or est.device_bytes > self.limit_bytes:
+            return None
+        key, _ = self._key(architecture, patch, batch, input_channels)
+        if key not in self.ran:
+            cap = self.limit_bytes - (est.device_bytes - est.fits_in_bytes)
+            self.ran[key] = self.settle(architecture, patch, batch, input_channels, cap)
+            logger.info("patch %s batch %d under a %s cap: %s", "×".join(map(str, patch)), batch,
+                        format_bytes(cap), "ran" if self.ran[key] else "did not run")
+        return self.ran[key]
 
     def largest_batch(self, architecture: Mapping[str, Any], patch: Sequence[int], smallest: int, cap: int,
                       input_channels: int) -> int:
@@ -140,6 +174,8 @@ class PlanEstimates:
         def need(b: int) -> int:
             return self.estimate(architecture, patch, b, input_channels).device_upper_bytes
 
+        if self.ran.get(self._key(architecture, patch, smallest, input_channels)[0]):
+            return smallest  # the patch fits by a run on the GPU; its bound is over the limit already
         lo, hi = smallest, cap
         if hi <= lo or need(hi) <= self.limit_bytes:
             return max(lo, hi)
@@ -162,7 +198,8 @@ class PlanEstimates:
         est = self.estimate(architecture, patch, batch, input_channels)
         return PatchChoice(patch_size=tuple(int(p) for p in patch), batch_size=int(batch),
                            device_bytes=est.device_upper_bytes, peak_allocated_bytes=est.peak_allocated_bytes,
-                           fits_budget=est.device_upper_bytes <= self.budget_bytes)
+                           fits_budget=est.device_upper_bytes <= self.budget_bytes,
+                           ran_under_cap=self.ran.get(self._key(architecture, patch, batch, input_channels)[0]))
 
 
 def budget_label(budget_bytes: int) -> str:
@@ -180,6 +217,7 @@ def memfit_planner(
     gpu: str | GpuSpec | None = "h100",
     margin: float = NNUNET_MARGIN,
     allocator: AllocatorConfig | None = None,
+    settle: bool | TrainerTrial = False,
 ) -> type:
     """A subclass of nnU-Net's planner ``base`` (default ``ExperimentPlanner``; ``ResEncUNetPlanner`` and the
     ResEnc presets work the same) whose memory decisions are memfit's.
@@ -197,6 +235,11 @@ def memfit_planner(
 
     Without ``budget_bytes``, nnU-Net's ``gpu_memory_target_in_gb`` is the budget, in GiB (a card sold as "24 GB"
     has 24 GiB). Without ``plans_name``, the plans identifier is the base's with ``_memfit_<budget>`` appended.
+
+    ``settle`` (on the GPU planned for): a patch that only the upper bound keeps out, its best estimate under the
+    limit, is run for three steps of nnUNetTrainer's step in a fresh process under the cap (the limit less the
+    CUDA context) and taken if it runs, as ``memfit plan --patch --settle`` does (``trials_on_this_gpu``); a
+    callable ``TrainerTrial`` is used as it is.
     """
     require_nnunet()
     import warnings
@@ -227,7 +270,9 @@ def memfit_planner(
                 super().__init__(dataset_name_or_id, gpu_memory_target_in_gb, preprocessor_name, name,
                                  overwrite_target_spacing, suppress_transpose)
             labels = LabelManager(self.dataset_json["labels"], self.dataset_json.get("regions_class_order"))
-            self.memfit = PlanEstimates(spec, config, budget, margin, labels)
+            trial = settle if callable(settle) else trials_on_this_gpu(
+                self.dataset_json["labels"], self.dataset_json.get("regions_class_order")) if settle else None
+            self.memfit = PlanEstimates(spec, config, budget, margin, labels, trial)
             # nnU-Net shrinks the patch while estimate > UNet_reference_val × vram_target / reference_GB: make that
             # right side the limit in bytes, the unit static_estimate_VRAM_usage returns here
             self.UNet_reference_val_3d = self.UNet_reference_val_2d = self.memfit.limit_bytes

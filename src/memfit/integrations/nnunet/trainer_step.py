@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,52 @@ def trainer_workload(
                     f"{arch['arch_kwargs']['n_stages']} stages, deep supervision, fp16",
         tags=("nnunet", "segmentation"),
     )
+
+
+TrainerTrial = Callable[[Mapping[str, Any], Sequence[int], int, int, int], bool]
+"""``trial(architecture, patch_size, batch_size, input_channels, cap_bytes)``: does nnUNetTrainer's step for that
+network, patch and batch run under an allocator cap of ``cap_bytes`` (the CUDA context not included)?"""
+
+_TRIAL_MODULE = '''"""nnUNetTrainer's step at one patch, written by memfit for a trial under a memory cap (see its .json)."""
+import json
+from pathlib import Path
+
+from memfit.integrations.nnunet.trainer_step import workload_from_trial_file
+
+workload = workload_from_trial_file(Path(__file__).with_suffix(".json"))
+'''
+
+
+def trials_on_this_gpu(labels: Mapping[str, Any], regions_class_order: Sequence[int] | None = None, *,
+                       timeout_s: float = 600) -> TrainerTrial:
+    """A ``TrainerTrial`` that runs the step in a fresh process on this machine's GPU, the protocol of ``memfit
+    measure`` (three steps, ``memfit.estimate.measure.run_trial``) under the cap; it ran if no step ran out of
+    memory (a failure for another reason counts as not run). ``labels`` and ``regions_class_order`` are the
+    dataset.json's, which make nnU-Net's label manager."""
+    from memfit.estimate.measure import run_trial
+
+    def trial(architecture: Mapping[str, Any], patch_size: Sequence[int], batch_size: int, input_channels: int,
+              cap_bytes: int) -> bool:
+        with tempfile.TemporaryDirectory(prefix="memfit-nnunet-trial-") as folder:
+            spec = Path(folder) / "nnunet_step.py"
+            spec.with_suffix(".json").write_text(json.dumps({
+                "architecture": architecture, "patch_size": [int(p) for p in patch_size],
+                "batch_size": int(batch_size), "input_channels": int(input_channels), "labels": dict(labels),
+                "regions_class_order": list(regions_class_order) if regions_class_order is not None else None}))
+            spec.write_text(_TRIAL_MODULE)
+            return run_trial(f"{spec}:workload", cap_bytes=cap_bytes, timeout_s=timeout_s).ok
+
+    return trial
+
+
+def workload_from_trial_file(path: str | os.PathLike[str]) -> Workload:
+    """The step a ``trials_on_this_gpu`` trial runs, from the JSON it wrote."""
+    from nnunetv2.utilities.label_handling.label_handling import LabelManager
+
+    args = read_json(path, "trial")
+    return trainer_workload(args["architecture"], args["patch_size"], args["batch_size"],
+                            num_input_channels=args["input_channels"],
+                            label_manager=LabelManager(args["labels"], args["regions_class_order"]))
 
 
 def nnunet_workload(
