@@ -144,7 +144,7 @@ class RNNShape:
         (the sum of the lengths). A packed call's descriptors give each time step its own batch size
         (aten/src/ATen/native/cudnn/RNN.cpp, the batch sizes of the packed input), and cuDNN sizes the buffers
         by them: on the zoo's packed biLSTM (64 sequences of 100-400 steps, 16,108 rows of 25,600 padded) the
-        padded sizes put the peak 48 % over the H100's measurement, the rows 1.4 % over
+        padded sizes put the peak 48 % over the H100's measurement, the rows 5.2 % over
         (benchmarks/results/estimate/zoo_accuracy_h100_torch2.11_20261127*.md; zoo data, no constant fitted)."""
         return self.rows if self.rows is not None else self.seq * self.batch
 

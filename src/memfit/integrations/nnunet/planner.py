@@ -132,8 +132,8 @@ class PlanEstimates:
 
     def rung(self, architecture: Mapping[str, Any], patch: Sequence[int], batch: int, input_channels: int,
              smallest_edge: int) -> int:
-        """What nnU-Net's ladder compares with its reference: memfit's device bytes at this patch (the limit itself
-        where the upper bound is over it, the best estimate under it, and the step ran under the cap)."""
+        """What nnU-Net's ladder compares with its reference: memfit's upper bound of device bytes at this patch,
+        or the limit itself where only that bound is over the limit and the step ran under the cap (``settled``)."""
         est = self.estimate(architecture, patch, batch, input_channels)
         ran = self.settled(architecture, patch, batch, input_channels, est)
         step = LadderStep(patch_size=tuple(int(p) for p in patch),
