@@ -469,6 +469,18 @@ def test_a_condition_on_the_models_values_takes_the_branch_a_real_forward_takes(
     assert _branch_taken(lambda x, h: h.abs().mean() > 1e9)[0] == "narrow"
 
 
+def test_a_condition_on_a_large_models_values_is_taken_as_false_without_building_it(monkeypatch):
+    # the real forward builds the model in host memory: beyond the limit a condition alone is not worth it
+    import importlib
+
+    trace_module = importlib.import_module("memfit.estimate.trace")  # memfit.estimate is also a function's name
+    monkeypatch.setattr(trace_module, "CONDITION_REAL_FORWARD_MAX_PARAM_BYTES", 4 * 1024 * 1024)  # under 4 MiB
+    taken, uncertain = _branch_taken(lambda x, h: h.abs().mean() > 0)  # 4 + 64 + 4 MiB of weights
+    assert taken == "narrow" and "taken as False" in uncertain["value_branch"]
+    taken, _ = _branch_taken(lambda x, h: x.abs().sum() > 0)  # the batch's values still decide their conditions
+    assert taken == "wide"
+
+
 def test_a_condition_on_a_random_draw_is_taken_as_skipping_nothing():
     # LayerDrop (wav2vec2's encoder): `if torch.rand([]) < p: skip`. Each step draws again, so no one run decides;
     # False runs the wide branch, the largest step. A real forward's draw would skip it a tenth of the time

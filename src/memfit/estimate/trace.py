@@ -47,6 +47,7 @@ from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.library_paths import RealRunPaths
 from memfit.estimate.op_costs import OpCost, OpCounter
 from memfit.estimate.optimizer_twins import OffloadTraffic, stand_in
+from memfit.units import format_bytes
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload.selective_checkpoint import REGIONS as selective_regions
 from memfit.workload.spec import Workload
@@ -213,10 +214,17 @@ def _reads(storages: Any, args: Any) -> bool:
 CONDITION = "a condition on tensor values"
 """What ``_ValuesNeededToTrace`` names for a ``bool()`` of a value the trace does not have (an ``if`` on a tensor)."""
 
+CONDITION_REAL_FORWARD_MAX_PARAM_BYTES = 4 << 30
+"""A condition on the model's values is decided by one real CPU forward only up to this much of parameters (a
+1-billion-parameter fp32 model), which that forward builds for real in host memory: a check such as `if not
+torch.isfinite(loss):` in a large language model's step does not cost its weights' size in RAM. Beyond it the
+condition is taken as False, as before such conditions were followed, and the bound still names it."""
+
 
 class _ValuesNeededToTrace(Exception):
     """An op of the step sizes its output by values computed from data: (op, where in the user's code, whether
-    the values come from the model's parameters, so that the batch's values cannot decide them)."""
+    the values come from the model's parameters, so that the batch's values cannot decide them, and the bytes of
+    the model's parameters)."""
 
 
 class _ForwardRecorded(Exception):
@@ -484,7 +492,7 @@ class _Recorder(tp.TorchDispatchMode):
             try:
                 result = sparse.RULES[name](self.sparse, args, kwargs)
             except sparse.SparseValuesNeeded as exc:
-                raise _ValuesNeededToTrace(str(exc), user_frame(), False) from exc
+                raise _ValuesNeededToTrace(str(exc), user_frame(), False, self._param_bytes()) from exc
             if result is not None:
                 out, scratch, let_go = result
                 self.costs.record(func, name, args, kwargs, out)
@@ -545,8 +553,8 @@ class _Recorder(tp.TorchDispatchMode):
                     raise _ValuesNeededToBuild(name) from exc
                 if isinstance(exc, tp.DynamicOutputShapeException):
                     # the size depends on values made from data (a detector's matched boxes): run the step for real
-                    raise _ValuesNeededToTrace(name, user_frame(),
-                                               self._reads_model(deciding_inputs(name, args))) from exc
+                    raise _ValuesNeededToTrace(name, user_frame(), self._reads_model(deciding_inputs(name, args)),
+                                               self._param_bytes()) from exc
                 raise
         except tp.UnsupportedOperatorException as exc:
             if name == "_ctc_loss_backward":
@@ -783,6 +791,9 @@ class _Recorder(tp.TorchDispatchMode):
     def _reads_model(self, args: Any) -> bool:
         return _reads(self._from_model, args)
 
+    def _param_bytes(self) -> int:
+        return sum(a.nbytes for a in self.trace.allocs if a.category == "params")
+
     def _data_dependent_scalar(self, t: torch.Tensor, call: int | None) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
         if self.phase == "optimizer":
@@ -805,7 +816,7 @@ class _Recorder(tp.TorchDispatchMode):
                 and not self.building_model:
             # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
             # decide it, as for a value-dependent size (trace_workload), rather than take a branch real data may not
-            raise _ValuesNeededToTrace(CONDITION, user_frame(), self._reads_model([t]))
+            raise _ValuesNeededToTrace(CONDITION, user_frame(), self._reads_model([t]), self._param_bytes())
         # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
         reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
         if reason not in self.trace.uncertain:
@@ -866,14 +877,23 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
     try:
         return _trace_steps(workload, gpu, steps)
     except _ValuesNeededToTrace as exc:
-        op, where, from_model = exc.args
+        op, where, from_model, param_bytes = exc.args
     if not from_model:  # the batch's values may decide it (a mask made from the labels)
         try:
             trace = _trace_steps(workload, gpu, steps, batch_values=True)
             return _sized_from(trace, "the values of one random batch (the workload's batch, made for real on the "
                                "CPU)", op, where)
         except _ValuesNeededToTrace as exc:
-            op, where, _ = exc.args
+            op, where, _, param_bytes = exc.args
+    if op == CONDITION and param_bytes > CONDITION_REAL_FORWARD_MAX_PARAM_BYTES:
+        # conditions alone do not justify building a large model for real: taken as False, named in the bound (an
+        # empty RealForward answers every read from "no real value", see _data_dependent_scalar)
+        log.info("%s: conditions on the model's values taken as False (its %s of parameters are not built for "
+                 "real on the CPU to decide them)", workload.name, format_bytes(param_bytes))
+        try:
+            return _trace_steps(workload, gpu, steps, batch_values=True, real_forward=RealForward())
+        except _ValuesNeededToTrace as exc:  # a size the model's values decide: the real forward after all
+            op, where, _, param_bytes = exc.args
     log.info("running the forward of %s for real on the CPU: %s at %s sizes its output by values", workload.name,
              op, where)
     forward = _real_forward(workload, gpu)
@@ -882,7 +902,7 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
         return _sized_from(trace, ("one real CPU forward of the first step (same shapes, random data; its large "
                                   "products stood in for by noise of their scale)"), op, where)
     except _ValuesNeededToTrace as exc:
-        op, where, _ = exc.args
+        op, where, _, _ = exc.args
     trace = _trace_steps(workload, gpu, steps, real=True)
     return _sized_from(trace, "every step run for real on the CPU (same shapes, random data)", op, where)
 
