@@ -414,9 +414,7 @@ class _Recorder(tp.TorchDispatchMode):
         if not any(getattr(fn, "variable", None) is not None and fn.variable.shape == out.shape
                    and fn.variable.dtype == out.dtype for fn, _ in node.next_functions):
             return False  # the sum goes to another node, not to a parameter's grad (see the docstring)
-        self._finalizers.pop(key).detach()
-        del self._live[storage]
-        self._own(out.untyped_storage(), key)
+        self._take_over(storage, key, out)
         self._born_in_node[key] = tp.autograd_node_key(node)
         return True
 
@@ -443,10 +441,15 @@ class _Recorder(tp.TorchDispatchMode):
         if key is None or node is None or tp.autograd_node_name(node) != "IndexBackward0" \
                 or self._born_in_node.get(key) != tp.autograd_node_key(node):
             return False  # not the formula's own zeros
+        self._take_over(storage, key, out)
+        return True
+
+    def _take_over(self, storage: Any, key: int, out: torch.Tensor) -> None:
+        """``out``'s storage takes over the allocation ``key`` of ``storage``: CUDA wrote into that block in place
+        where the trace made a new one (its own allocation is never recorded)."""
         self._finalizers.pop(key).detach()
         del self._live[storage]
         self._own(out.untyped_storage(), key)
-        return True
 
     def disown(self, storage: Any) -> None:
         """Stop tracking ``storage``: its free is accounted for elsewhere (a copied step's events)."""
