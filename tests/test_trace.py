@@ -469,6 +469,26 @@ def test_a_condition_on_the_models_values_takes_the_branch_a_real_forward_takes(
     assert _branch_taken(lambda x, h: h.abs().mean() > 1e9)[0] == "narrow"
 
 
+def test_a_value_read_once_and_cached_does_not_misalign_the_real_forward_in_later_steps():
+    # torchvision's MultiScaleRoIAlign reads its scales (floats) in the first forward only: the real forward
+    # (step 1) has those reads, step 2 of the trace does not. Sizes and conditions must still line up there
+    class Cached(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = torch.nn.Linear(1024, 1024, bias=False)
+            self.scale: float | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.first(x)
+            if self.scale is None:
+                self.scale = float(torch.tensor(0.3).log2().round())  # a read, in the first forward only
+            picked = h[(h[:, 0] > 0).nonzero().squeeze(1)]  # rows picked by the model's values
+            return picked.sum() if bool(h.abs().mean() > 0) else h.sum()
+
+    trace = trace_workload(_linear_workload(model=Cached), GPU, steps=3)
+    assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]  # not every step run for real
+
+
 def test_a_condition_on_a_large_models_values_is_taken_as_false_without_building_it(monkeypatch):
     # the real forward builds the model in host memory: beyond the limit a condition alone is not worth it
     import importlib

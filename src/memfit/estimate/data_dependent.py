@@ -181,28 +181,28 @@ KEEP_NUMEL = 1 << 16
 class _Returned:
     name: str
     shapes: tuple[tuple[int, ...], ...]
-    outputs: list[torch.Tensor | bool | int | float | None]
-    """What the op returned: small tensors real, with their values; large ones as meta tensors (shape only); the
-    value a read (``_local_scalar_dense``: ``bool()``, ``.item()``) returned."""
+    outputs: list[torch.Tensor | None]
+    """What the op returned: small tensors real, with their values; large ones as meta tensors (shape only)."""
     multiple: bool
     """The op returned a tuple (``outputs`` in its order), not one tensor."""
 
 
 @dataclass
 class RealForward:
-    """What the value-dependent ops (``is_dynamic``) and value reads of one real forward and loss returned, in
-    call order."""
+    """What the value-dependent ops (``is_dynamic``) of one real forward and loss returned, and what its conditions
+    (``bool()`` of a tensor) were, each in call order."""
 
     returned: list[_Returned] = field(default_factory=list)
+    conditions: list[bool] = field(default_factory=list)
+    """Kept apart from ``returned``: a module that reads floats once and caches them (torchvision's
+    MultiScaleRoIAlign, its scales in the first forward) would shift every later op's index in the next step."""
     first_op: str = ""
     """The first op whose values came from the model (not from the batch or constants): named in the warning."""
 
     def keep(self, name: str, args: Any, out: Any) -> None:
-        kept: list[torch.Tensor | bool | int | float | None] = []
+        kept: list[torch.Tensor | None] = []
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, (bool, int, float)):
-                kept.append(t)
-            elif not isinstance(t, torch.Tensor):
+            if not isinstance(t, torch.Tensor):
                 kept.append(None)
             elif t.numel() <= KEEP_NUMEL:
                 kept.append(t.detach().clone())

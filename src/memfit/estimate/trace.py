@@ -302,6 +302,7 @@ class _Recorder(tp.TorchDispatchMode):
         self.stand_ins = ProductStandIns() if real and real_forward is not None else None
         """The real forward that sizes value-dependent ops does not compute its large products (see there)."""
         self._dynamic_calls = 0  # value-dependent ops so far in this forward and loss (RealForward's order)
+        self._conditions = 0  # bool() reads so far in this forward and loss (RealForward.conditions' order)
         self._from_model: Any = tp.WeakIdKeyDictionary()
         """Storages whose values the model's parameters or buffers went into (in forward and loss): a size decided
         by them needs the real forward, not the batch's values."""
@@ -317,7 +318,7 @@ class _Recorder(tp.TorchDispatchMode):
     def set_phase(self, name: str, step: int) -> None:
         self.phase, self.step = name, step
         if name == "forward":
-            self._dynamic_calls = 0
+            self._dynamic_calls = self._conditions = 0
         elif name == "data" and (self.batch_values or self.real):
             torch.manual_seed(_BATCH_SEED)
         if name != "backward":
@@ -487,9 +488,12 @@ class _Recorder(tp.TorchDispatchMode):
         if self.silent:
             return func(*args, **kwargs)
         name = tp.op_short_name(func)
-        call = None  # the index of a value-dependent op or value read in this forward and loss, in RealForward's order
-        if self.phase in ("forward", "loss") and (is_dynamic(func, name) or name == "_local_scalar_dense"):
+        call = None  # the index of a value-dependent op in this forward and loss, in RealForward's order
+        if self.phase in ("forward", "loss") and is_dynamic(func, name):
             call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
+        condition = None  # the index of a bool() read in this forward and loss, in RealForward.conditions' order
+        if self.phase in ("forward", "loss") and name == "_local_scalar_dense" and args[0].dtype == torch.bool:
+            condition, self._conditions = self._conditions, self._conditions + 1
         if name in sparse.RULES and not self.real:
             # sparse COO tensors (sparse gradients): FakeTensorMode's kernels lose their nnz or have none
             try:
@@ -523,8 +527,8 @@ class _Recorder(tp.TorchDispatchMode):
         if name == "_local_scalar_dense":
             known = self.values.scalar(args[0])
             if known is not None:  # a value computed from constants: the real one, no guess
-                if self.real and call is not None and self.real_forward is not None:
-                    self.real_forward.keep(name, args, known)
+                if self.real and condition is not None and self.real_forward is not None:
+                    self.real_forward.conditions.append(bool(known))
                 self.costs.record(func, name, args, kwargs, known, sync=not self._is_optimizer_state(args[0]))
                 return known
         try:
@@ -541,7 +545,7 @@ class _Recorder(tp.TorchDispatchMode):
                     self.track(t, name)
                 return out
             if name == "_local_scalar_dense":  # a value read (bool(), .item()): no size, a value to decide
-                out = self._data_dependent_scalar(args[0], call)
+                out = self._data_dependent_scalar(args[0], condition)
             else:
                 out = self._sized_without_all_values(name, args, kwargs, call)
                 if out is not None:
@@ -585,6 +589,8 @@ class _Recorder(tp.TorchDispatchMode):
         if self.real:
             if call is not None and self.real_forward is not None:
                 self.real_forward.keep(name, args, out)
+            if condition is not None and self.real_forward is not None:
+                self.real_forward.conditions.append(bool(out))
         elif self.values.small(out):
             real = self.values.run(func, name, args, kwargs, random=self.batch_values and self.phase == "data")
             if real is not None:
@@ -667,10 +673,8 @@ class _Recorder(tp.TorchDispatchMode):
         found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
         if found is None:
             return None
-        # a dynamic op returns tensors (or None); only value reads (_data_dependent_scalar) returned Python scalars
-        returned = [t if isinstance(t, torch.Tensor) else None for t in found.outputs]
-        outs: list[Any] = [None if t is None else _fake_like(t) for t in returned]
-        for f, r in zip(outs, returned):
+        outs: list[Any] = [None if t is None else _fake_like(t) for t in found.outputs]
+        for f, r in zip(outs, found.outputs):
             if f is not None and r is not None and r.device.type != "meta":
                 self.values.keep(f, r)
         self._sized_by("one real CPU forward", name)
@@ -797,7 +801,7 @@ class _Recorder(tp.TorchDispatchMode):
     def _param_bytes(self) -> int:
         return sum(a.nbytes for a in self.trace.allocs if a.category == "params")
 
-    def _data_dependent_scalar(self, t: torch.Tensor, call: int | None) -> Any:
+    def _data_dependent_scalar(self, t: torch.Tensor, condition: int | None) -> Any:
         # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
         if self.phase == "optimizer":
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
@@ -811,10 +815,9 @@ class _Recorder(tp.TorchDispatchMode):
             self.trace.uncertain.setdefault("value_branch", f"a condition on a random draw at {user_frame()} was "
                                             "taken as False (LayerDrop and stochastic depth then skip nothing)")
             return False
-        found = self.real_forward.lookup(call, "_local_scalar_dense", (t,)) \
-            if call is not None and self.real_forward is not None else None
-        if found is not None and found.outputs[0] is not None:
-            return found.outputs[0]  # what the real forward read here
+        recorded = self.real_forward.conditions if self.real_forward is not None else []
+        if condition is not None and condition < len(recorded):
+            return recorded[condition]  # what the real forward's condition at this place in the order was
         if t.dtype == torch.bool and self.phase in ("forward", "loss") and self.real_forward is None \
                 and not self.building_model:
             # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
