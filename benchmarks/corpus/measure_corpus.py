@@ -5,6 +5,9 @@ several trial processes side by side. Runs on the device machine.
         # -> $OUT/corpus_measurements_<card>_torch<x.y>_<date>/; copy it to benchmarks/results/estimate/ and run the
         #    same command again: it goes on from the newest such folder there (or name folders with --done)
 
+``--zoo COVERAGE_JSON`` measures the zoo (``benchmarks/zoo/``) instead, in a seeded random order
+(``ZOO_ORDER_SEED``), sized and hinted by a ``trace_coverage.py`` result (``benchmarks/estimate/device_zoo.sh``).
+
 Each trial is ``memfit.estimate.measure.run_trial``: one fresh process that runs the protocol under
 ``torch.cuda.set_per_process_memory_fraction`` (a cap on *that process's* caching allocator: processes do not
 see each other's caps). So trials of different entries can share the GPU, provided their *physical* memory never
