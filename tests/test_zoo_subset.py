@@ -68,9 +68,12 @@ def test_lstm_lm_holds_its_flattened_logits() -> None:
     assert est.peak_allocated_bytes >= states + logits
 
 
-def test_value_dependent_branch_traces_but_warns_about_the_value() -> None:
-    est = _estimate("value_dependent_branch")
-    assert any(".item()" in w or "value" in w for w in est.warnings)
+def test_value_dependent_branch_takes_the_branch_real_data_takes_and_says_so() -> None:
+    est = _estimate("value_dependent_branch")  # `if x.abs().sum() > 0:` is true for real data: the big branch
+    assert any(m.startswith("a.") for m in est.activations_by_module)
+    assert not any(m.startswith("b.") for m in est.activations_by_module)
+    assert any("branches on tensor values" in w for w in est.warnings)
+    assert "value_branch" in {u.reason for u in est.uncertainty}
 
 
 # one plain-torch reproducer per failure class (benchmarks/results/estimate/trace_coverage_*.md lists the library
