@@ -392,6 +392,21 @@ def test_cuda_lays_out_fp32_attention_output_by_batch_then_sequence():
     assert out.grad_fn.name().startswith("ScaledDotProductEfficientAttention")
     assert out.transpose(1, 2).is_contiguous() and not out.permute(2, 0, 1, 3).is_contiguous()
 
+@pytest.mark.gpu
+def test_cuda_runs_flash_on_padded_heads_that_are_not_a_multiple_of_8():
+    # what the trace's half-precision attention with heads of 36 assumes (cuda_emulation._cuda_sdpa): CUDA's flash
+    # kernel on q, k, v padded to 40, the output sliced back; not the math path
+    q, k, v = (torch.randn(2, 4, 256, 36, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert out.shape == (2, 4, 256, 36)
+    names = []
+    node = out.grad_fn
+    while node is not None and len(names) < 4:  # the slice's backward, then the flash kernel's
+        names.append(node.name())
+        node = node.next_functions[0][0] if node.next_functions else None
+    assert any(n.startswith("ScaledDotProductFlashAttention") for n in names), names
+
+
 def test_checkpointing_recomputes_in_backward():
     from torch.utils.checkpoint import checkpoint
 
