@@ -309,8 +309,6 @@ class _Recorder(tp.TorchDispatchMode):
         self._drawn: Any = tp.WeakIdKeyDictionary()
         """Storages whose values a random draw of forward or loss went into (``torch.rand([]) < layerdrop``): a
         condition on them takes another branch each step, so neither the batch nor one real forward decides it."""
-        self.sized_by: dict[str, str] = {}
-        """Where the sizes of value-dependent ops came from (the batch's values, a real forward) -> the first op."""
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
@@ -683,9 +681,7 @@ class _Recorder(tp.TorchDispatchMode):
     def _sized_by(self, source: str, name: str) -> None:
         """Note that a value-dependent size came from ``source`` (a retry's values): the bound widens for it
         (``trace_workload``'s message replaces this one where such a size caused the retry)."""
-        where = f"{name} at {user_frame()}"
-        self.sized_by.setdefault(source, where)
-        self.trace.uncertain.setdefault("data_dependent_shape", f"{where}: sizes from {source}")
+        self.trace.uncertain.setdefault("data_dependent_shape", f"{name} at {user_frame()}: sizes from {source}")
 
     def _layer_norm_copy(self, name: str, args: Any) -> int | None:
         """The contiguous copy the CUDA layer norm makes of a permuted input (ConvNeXt, Swin, a ViT's residual
