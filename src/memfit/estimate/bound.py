@@ -113,7 +113,12 @@ def upper_bound(replayed_bytes: int, reasons: dict[UncertaintyReason, str],
     extra = extra_bytes or {}
     found = [Uncertainty(reason, WIDTHS[reason], detail, extra.get(reason, 0))
              for reason, detail in sorted(reasons.items())]
-    widen = BASE_MARGIN + sum(u.widen for u in found)
-    added = BASE_SLACK_BYTES + sum(u.bytes for u in found)
+    widen, added = widening(found)
     bound = -(-(int(replayed_bytes * (1 + widen)) + added) // _SEGMENT) * _SEGMENT
     return bound, found
+
+
+def widening(found: list[Uncertainty]) -> tuple[float, int]:
+    """What the bound adds to the replayed cap for ``found``: a fraction (the base margin and each reason's width)
+    and bytes (the base slack and each reason's bytes)."""
+    return BASE_MARGIN + sum(u.widen for u in found), BASE_SLACK_BYTES + sum(u.bytes for u in found)

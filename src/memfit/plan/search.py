@@ -23,7 +23,7 @@ from typing import Any
 
 from memfit.errors import BudgetTooSmallError, MemfitError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
-from memfit.estimate.bound import BASE_MARGIN, BASE_SLACK_BYTES
+from memfit.estimate.bound import BASE_MARGIN, widening
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
@@ -676,8 +676,7 @@ def _expandable_floor(search: Search, config: Config) -> int:
     with expandable segments reuses that trace, so the same reasons widen its bound
     (``memfit.estimate.bound.upper_bound``), over a replayed cap never below the required peak."""
     est = search.estimates[dataclasses.replace(config, expandable_segments=False)]
-    widen = BASE_MARGIN + sum(u.widen for u in est.uncertainty)
-    extra = BASE_SLACK_BYTES + sum(u.bytes for u in est.uncertainty)
+    widen, extra = widening(est.uncertainty)
     return int(search.required_peak(config) * (1 + widen)) + extra + search.context_of(config)
 
 
