@@ -323,6 +323,7 @@ def test_settle_takes_a_patch_only_the_bound_keeps_out_when_its_step_runs(nnunet
     calls = []
 
     def runs(architecture, patch, batch, channels, cap) -> bool:  # noqa: ANN001
+        json.dumps(architecture)  # what trials_on_this_gpu writes for the trial's process
         calls.append((tuple(patch), batch, channels, cap))
         return True
 

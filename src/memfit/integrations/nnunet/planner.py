@@ -155,10 +155,11 @@ class PlanEstimates:
         less the CUDA context the estimate assumes; each network, patch and batch is tried once."""
         if self.settle is None or self.fits(est) or est.device_bytes > self.limit_bytes:
             return None
-        key, _ = self._key(architecture, patch, batch, input_channels)
+        key, arch = self._key(architecture, patch, batch, input_channels)
         if key not in self.ran:
             cap = self.limit_bytes - (est.device_bytes - est.fits_in_bytes)
-            self.ran[key] = self.settle(architecture, patch, batch, input_channels, cap)
+            # the JSON-ready copy: nnU-Net's own holds numpy integers, which a trial writes to a file
+            self.ran[key] = self.settle(arch, patch, batch, input_channels, cap)
             logger.info("patch %s batch %d under a %s cap: %s", "×".join(map(str, patch)), batch,
                         format_bytes(cap), "ran" if self.ran[key] else "did not run")
         return self.ran[key]

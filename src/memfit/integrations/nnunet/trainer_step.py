@@ -142,7 +142,6 @@ TrainerTrial = Callable[[Mapping[str, Any], Sequence[int], int, int, int], bool]
 network, patch and batch run under an allocator cap of ``cap_bytes`` (the CUDA context not included)?"""
 
 _TRIAL_MODULE = '''"""nnUNetTrainer's step at one patch, written by memfit for a trial under a memory cap (see its .json)."""
-import json
 from pathlib import Path
 
 from memfit.integrations.nnunet.trainer_step import workload_from_trial_file
