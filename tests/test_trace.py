@@ -139,8 +139,8 @@ def test_softmax_backward_takes_a_product_and_its_contiguous_copy(permuted, bloc
     assert scratch == [2 * classes * size * size * 4] * blocks
 
 
-def test_attention_never_materialises_the_score_matrix():
-    b, h, seq, d = 2, 4, 512, 32
+def _attention_workload(b: int, h: int, seq: int, d: int, precision: str, **sdpa: Any) -> Workload:
+    """One self-attention layer (a qkv projection, then scaled_dot_product_attention with ``sdpa``'s arguments)."""
 
     class Attn(torch.nn.Module):
         def __init__(self) -> None:
@@ -149,12 +149,17 @@ def test_attention_never_materialises_the_score_matrix():
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **sdpa)
 
-    w = Workload(
-        model=Attn, batch=lambda n: (torch.randn(n, seq, d * h),), loss=lambda out, bt: out.float().mean(),
-        optimizer=lambda p: torch.optim.AdamW(p), batch_size=b, precision="bf16",
-    )
+    return Workload(model=Attn, batch=lambda n: (torch.randn(n, seq, d * h),),
+                    loss=lambda out, bt: out.float().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                    batch_size=b, precision=precision)
+
+
+def test_attention_never_materialises_the_score_matrix():
+    b, h, seq, d = 2, 4, 512, 32
+    w = _attention_workload(b, h, seq, d, "bf16", is_causal=True, dropout_p=0.1).replace(
+        optimizer=lambda p: torch.optim.AdamW(p))
     trace = trace_workload(w, GPU, steps=1)
     scores_bytes = b * h * seq * seq * 2
     assert all(a.nbytes < scores_bytes for a in trace.allocs if a.category != "workspaces")
@@ -168,19 +173,7 @@ def test_attention_never_materialises_the_score_matrix():
 ])
 def test_a_head_size_that_is_not_a_multiple_of_8_goes_where_cuda_sends_it(d, precision, kernel):  # noqa: ANN001
     b, h, seq = 2, 4, 256
-
-    class Attn(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.qkv = torch.nn.Linear(d * h, 3 * d * h)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-
-    w = Workload(model=Attn, batch=lambda n: (torch.randn(n, seq, d * h),), loss=lambda out, bt: out.float().mean(),
-                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=b, precision=precision)
-    allocs = trace_workload(w, GPU, steps=1).allocs
+    allocs = trace_workload(_attention_workload(b, h, seq, d, precision), GPU, steps=1).allocs
     scores = [a for a in allocs if a.shape[-2:] == (seq, seq)]
     padded = [a for a in allocs if a.shape == (b, h, seq, 40) and a.phase == "forward"]
     if kernel == "math":
