@@ -2,6 +2,7 @@
 
     python benchmarks/estimate/trace_entries.py c068_hf_encoder c077_hf_seq2seq --out $OUT    # GPU machine
     python benchmarks/estimate/trace_entries.py c032_unet c032_unet@690000000 --out $OUT      # and one capped
+    python benchmarks/estimate/trace_entries.py --zoo timm_vgg16_bn hf_mixtral_small --out $OUT  # zoo entries
 
 One protocol run per argument (``memfit.estimate.measure.run_trial`` with ``--trace``: action, address, size and
 top Python frame of every event), side by side; ``ID@BYTES`` runs under a memory cap of BYTES
@@ -15,6 +16,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -27,16 +29,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("ids", nargs="+")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--zoo", action="store_true", help="the ids are the zoo's entries (benchmarks/zoo/)")
     args = parser.parse_args()
     import torch
 
     from memfit.estimate.measure import run_trial
 
     folder = Path(tempfile.mkdtemp())
+    if args.zoo:
+        sys.path.insert(0, str(HERE.parent / "zoo"))
+        from registry import entries
+
+        specs = {e.name: e.spec for e in entries([a.partition("@")[0] for a in args.ids])}
+    else:
+        specs = {a.partition("@")[0]: f"{CORPUS}:{a.partition('@')[0]}" for a in args.ids}
 
     def one(arg: str):  # noqa: ANN202
         entry, _, cap = arg.partition("@")
-        return run_trial(f"{CORPUS}:{entry}", cap_bytes=int(cap) if cap else None, trace=str(folder / f"{arg}.json.gz"))
+        return run_trial(specs[entry], cap_bytes=int(cap) if cap else None, trace=str(folder / f"{arg}.json.gz"))
 
     with cf.ThreadPoolExecutor(len(args.ids)) as pool:
         trials = list(pool.map(one, args.ids))
