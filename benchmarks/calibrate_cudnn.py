@@ -151,6 +151,40 @@ def conv_pointwise_half_rows() -> list[dict]:
     return rows
 
 
+def conv_pointwise_small_half_rows() -> list[dict]:
+    """2-D stride-1 1x1 convolutions in half precision below 28 x 28, where the filter gradient chose between the
+    fp32 partial sums (batch x Cin x Cout x 4 bytes) and a conversion block (input + output): the H200 grids had
+    ResNet-50's 2048 <-> 512 take the block, while on an H100 InceptionV3's 2048 -> 384 and 1280 -> 320 at 8 x 8,
+    NFNet-L0's 1536 -> 384 at 7 x 7 and EfficientNet-B0's 320 -> 1280 head at 7 x 7 took the partial sums (zoo
+    streams, zoo_traces_h100_torch2.11_20261127). The widths of real networks' last stages (ResNet, Inception,
+    NFNet, EfficientNet, MobileNet, DenseNet, RegNet) at the sizes they run at; both backward calls alone."""
+    rows = []
+    pairs = [(2048, 512), (512, 2048), (1024, 256), (256, 1024), (2048, 384), (2048, 320), (2048, 448), (2048, 192),
+             (1280, 384), (1280, 320), (1280, 192), (768, 192), (768, 128), (1536, 384), (384, 1536), (320, 1280),
+             (1280, 320), (1152, 192), (192, 1152), (960, 160), (1024, 128), (1536, 1536), (384, 384), (640, 640),
+             (1024, 1024), (512, 512), (2304, 576), (672, 112)]
+    for (cin, cout), hw, n, dname in itertools.product(dict.fromkeys(pairs), (4, 7, 8, 14, 17), (8, 16, 32, 64, 96),
+                                                       ("fp16", "bf16")):
+        row = _conv_case(2, n, cin, cout, 1, 1, 1, False, hw, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
+def conv_big_weight_rows() -> list[dict]:
+    """Convolutions whose weight dwarfs their activations (VGG's 7 x 7 classifier convolution 512 -> 4096 on 7 x 7,
+    a 3 x 3 4096 -> 4096 on 7 x 7): the order of the backward's blocks decides the peak there (timm VGG-16-BN's
+    stream on an H100: grad input, a weight-sized block, then the weight's gradient)."""
+    rows = []
+    for (cin, cout, k), hw, n, dname in itertools.product(((512, 4096, 7), (4096, 4096, 1), (1024, 2048, 3),
+                                                           (512, 1024, 3)), (7, 14), (2, 16, 64),
+                                                          ("fp32", "bf16", "fp16")):
+        row = _conv_case(2, n, cin, cout, k, 1, 1, False, hw, dname, split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
 def conv_odd_channels_half_rows() -> list[dict]:
     """Half-precision convolutions of networks whose widths are not multiples of 16 or 32 (RegNet's 48, 104, 208,
     440; its squeeze-excitation 1x1s at 1 x 1; EfficientNet's 40/240, 112/672) and 3x3 stems from 3 channels at
@@ -255,8 +289,12 @@ def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=Fals
         if not grad:
             return row  # forward only, as a frozen layer runs
         gy = torch.randn_like(y)
+        base = torch.cuda.memory_allocated()
         _, row["bwd_ws"] = _transient(lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=split_backward))  # noqa: F821
         if split_backward:
+            # the backward's peak above what was allocated before it: with both gradients and the two calls' blocks,
+            # it tells the order (the data call's block before the filter gradient is allocated, or after)
+            row["bwd_peak_above_before"] = torch.cuda.max_memory_allocated() - base
             _, row["dgrad_ws"] = _transient(lambda: torch.autograd.grad(y, x, gy, retain_graph=True))  # noqa: F821
             _, row["wgrad_ws"] = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: F821
         del x, w, y, gy
@@ -316,7 +354,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
-                                                "conv_pointwise_half", "conv_odd_channels_half", "conv_patchify", "conv_head_half",
+                                                "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
+                                                "conv_patchify", "conv_head_half",
                                                 "conv_3d_half", "conv_3d_head_half", "lstm", "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
@@ -324,7 +363,8 @@ def main() -> None:
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
     families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_2d_xl": conv_2d_xl_rows, "conv_narrow": conv_narrow_rows,
                 "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
-                "conv_pointwise_half": conv_pointwise_half_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
+                "conv_pointwise_half": conv_pointwise_half_rows,
+                "conv_pointwise_small_half": conv_pointwise_small_half_rows, "conv_big_weight": conv_big_weight_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
                 "conv_patchify": conv_patchify_rows, "conv_head_half": conv_head_half_rows,
                 "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
