@@ -237,14 +237,15 @@ def test_pointwise_half_convolutions_take_what_cudnn_took():
         n, s, side = r["n"], r["stride"], r["size"]
         shapes = ((n, r["cin"], side, side), (r["cout"], r["cin"], 1, 1), (n, r["cout"], -(-side // s), -(-side // s)))
         rule = {backward: conv_workspace_bytes(*shapes, itemsize=2, stride=(s, s), groups=1, transposed=False,
-                                               half=True, backward=backward) for backward in (False, True)}
+                                               half=True, backward=backward, fp16=r["dtype"] == "fp16")
+                for backward in (False, True)}
         if s > 1:
             strided += [r["fwd_ws"] - rule[False], r["bwd_ws"] - rule[True]]
-        else:
+        elif side * side >= 28 * 28:  # smaller images: the measured choices (test_small_pointwise_*)
             filter_grads.append(r["wgrad_ws"] - rule[True])
     assert len(strided) > 200 and max(strided) <= 8 * MiB and min(strided) >= -8 * MiB
-    assert len(filter_grads) > 600 and max(filter_grads) <= 18 * MiB
-    assert sum(d > MiB for d in filter_grads) <= 12
+    assert len(filter_grads) > 300 and max(filter_grads) <= 18 * MiB
+    assert sum(d > MiB for d in filter_grads) <= 6
 
 
 class _ConvDtypes(TorchDispatchMode):
@@ -292,10 +293,12 @@ def test_odd_channel_pointwise_filter_gradients_are_charged_or_bounded():
         if r["k"] != 1 or r["stride"] != 1:
             continue
         n, side = r["n"], r["size"]
+        if 1 < side * side < 28 * 28:
+            continue  # the measured choices (test_small_pointwise_*)
         shapes = ((n, r["cin"], side, side), (r["cout"], r["cin"], 1, 1), (n, r["cout"], side, side))
         charged = conv_workspace_bytes(*shapes, itemsize=2, stride=(1, 1), groups=1, transposed=False, half=True,
-                                       backward=True)
-        allowance = pointwise_half_unsure_bytes(*shapes, itemsize=2, stride=(1, 1))
+                                       backward=True, fp16=True)
+        allowance = pointwise_half_unsure_bytes(*shapes, itemsize=2, stride=(1, 1), fp16=True)
         if side == 1:
             assert charged == r["wgrad_ws"] == 0
         if allowance:
@@ -306,7 +309,7 @@ def test_odd_channel_pointwise_filter_gradients_are_charged_or_bounded():
         if r["cin"] % 32 == 0 and r["cout"] % 32 == 0:
             assert allowance == 0
     assert flagged == 60
-    # outside the erratic region the rule is at most 3.1 MiB under (16 x 16, 208-440 channels), 16 MiB over
+    # outside the erratic region the rule is at most 3.1 MiB under, 16 MiB over
     assert max(gaps) <= 3.1 * MiB and min(gaps) >= -16 * MiB
 
 
@@ -444,3 +447,69 @@ def test_a_convolution_beyond_the_calibrated_size_widens_the_bound(side: int, wi
                  loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
                  batch_size=1)
     assert ("conv_workspace_extrapolated" in trace_workload(w, gpu_spec("h100")).uncertain) == widened
+
+
+def _small_pointwise(n: int, cin: int, cout: int, side: int, *, fp16: bool) -> tuple[int, int]:
+    from memfit.estimate.workspaces import conv_workspace_bytes, conv_workspace_unsure_bytes
+
+    shapes = ((n, cin, side, side), (cout, cin, 1, 1), (n, cout, side, side))
+    call = dict(itemsize=2, stride=(1, 1), groups=1, transposed=False, half=True, backward=True, fp16=fp16)
+    return conv_workspace_bytes(*shapes, **call), conv_workspace_unsure_bytes(*shapes, **call)
+
+
+def test_small_pointwise_filter_gradients_take_the_measured_choice():
+    # below 28 x 28 cuDNN's 1x1 filter gradient takes the fp32 partial sums or a conversion block by no rule we found:
+    # the zoo's InceptionV3 (2048 -> 384 at 8 x 8, fp16, batch 32) and EfficientNet-B0 (320 -> 1280 head at 7 x 7,
+    # bf16, batch 96) took the partial sums on an H100 where the rule charged the 10-15 MB block (2.7-3.7 % under),
+    # while ResNet-50's 2048 -> 512 at 7 x 7 takes the block
+    io = lambda n, cin, cout, side: n * (cin + cout) * side * side * 2  # noqa: E731
+    for (n, cin, cout, side, fp16) in ((32, 2048, 384, 8, True), (96, 320, 1280, 7, False)):
+        charged, extra = _small_pointwise(n, cin, cout, side, fp16=fp16)
+        assert charged == n * cin * cout * 4 and extra <= 0.02 * charged + 1  # measured there: its tolerance alone
+    charged, extra = _small_pointwise(32, 2048, 512, 7, fp16=True)
+    assert charged == io(32, 2048, 512, 7) and extra <= 0.05 * charged + 1
+    # a batch not measured, where both were seen at that width and side: the nearest batch's choice, the other bounded
+    charged, extra = _small_pointwise(48, 1280, 384, 7, fp16=True)
+    assert charged == 48 * 1280 * 384 * 4 and extra >= 0
+    charged, extra = _small_pointwise(24, 1280, 384, 7, fp16=True)  # nearest: 32, the block
+    assert charged == io(24, 1280, 384, 7) and charged + extra >= 24 * 1280 * 384 * 4
+    # an unmeasured width: the rule's charge, bounded by its measured neighbours (1280 -> 448 by 1280 -> 384) or
+    # by both choices where none is near
+    charged, extra = _small_pointwise(32, 1280, 448, 8, fp16=True)
+    assert charged == io(32, 1280, 448, 8) and charged + extra >= 32 * 1280 * 448 * 4
+    charged, extra = _small_pointwise(32, 3000, 3000, 5, fp16=True)
+    assert charged + extra >= 32 * 3000 * 3000 * 4
+
+
+def test_small_pointwise_choices_are_the_grids_and_the_bound_covers_left_out_calls(monkeypatch):
+    # the table is the three grids' calls (generated by benchmarks/estimate/pointwise_table.py): every measured call
+    # charged what it took (the conversion blocks as input + output), and, with its batch left out of the table, the
+    # bound within 1 MiB of or above what it took
+    from memfit.estimate import pointwise_wgrad
+
+    MiB = 1 << 20
+    rows = [r for name in ("conv_pointwise_small_half_h100_torch2.11_20261127",
+                           "conv_pointwise_half_h200_torch2.11_20261126",
+                           "conv_odd_channels_half_h200_torch2.11_20261127")
+            for r in _grid(f"cudnn_calibration_{name}")
+            if r["k"] == 1 and r["stride"] == 1 and r["groups"] == 1 and "wgrad_ws" in r and 1 < r["size"] ** 2 < 784]
+    assert len(rows) > 1700
+    full = dict(pointwise_wgrad.CHOICES)
+    over = under = 0
+    for i, r in enumerate(rows):
+        n, cin, cout, side, fp16 = r["n"], r["cin"], r["cout"], r["size"], r["dtype"] == "fp16"
+        taken = r["wgrad_ws"]
+        charged, extra = _small_pointwise(n, cin, cout, side, fp16=fp16)
+        assert taken <= charged + extra + MiB, r
+        under += taken > charged + MiB
+        over += taken < charged - MiB
+        if i % 7 == 0:  # a seventh of the calls, each with its batch left out
+            key = (cin, cout, side)
+            kept = {b: c for b, c in full[key].items() if b != n}
+            monkeypatch.setattr(pointwise_wgrad, "CHOICES", {**full, key: kept} if kept else
+                                {k: v for k, v in full.items() if k != key})
+            assert taken <= sum(_small_pointwise(n, cin, cout, side, fp16=fp16)) + MiB, r
+            monkeypatch.setattr(pointwise_wgrad, "CHOICES", full)
+    # only the conversion blocks larger than input + output (X, charged + min(input + output, 8 MiB)) are off by
+    # more than 1 MiB: on 4 % short, on 6 % over
+    assert under <= 0.05 * len(rows) and over <= 0.07 * len(rows)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from memfit.estimate import pointwise_wgrad
+
 
 def _nbytes(shape: Sequence[int], itemsize: int) -> int:
     return math.prod(shape) * itemsize
@@ -73,7 +75,7 @@ def conv_workspace_bytes(
         return converted_input + _nbytes(output_shape, itemsize) + _nbytes(weight_shape, itemsize)
     if _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
         return _pointwise_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=stride,
-                                     backward=backward)
+                                     backward=backward, fp16=fp16)
     if _is_volume_head_half(weight_shape, groups=groups, transposed=transposed, half=half, stride=stride):
         return _volume_head_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize,
                                        backward=backward, fp16=fp16)
@@ -218,7 +220,8 @@ def conv_workspace_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
         return _volume_head_half_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize)
     if not _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
         return 0
-    return pointwise_half_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=stride)
+    return pointwise_half_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=stride,
+                                       fp16=fp16)
 
 
 # 2-D 1x1 convolutions in half precision, measured on 776 shapes (14 layer shapes of real networks: bottleneck,
@@ -260,7 +263,7 @@ s1327_unet_r500). The estimate keeps its rule; the bound adds 2.1 x input + outp
 
 
 def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int], *,
-                          itemsize: int, stride: Sequence[int], backward: bool) -> int:
+                          itemsize: int, stride: Sequence[int], backward: bool, fp16: bool = False) -> int:
     """What a 2-D 1x1 half-precision convolution call takes.
 
     * Strided (ResNet's shortcuts): the layout conversion of every other convolution, in forward and in both
@@ -280,6 +283,8 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
       sums and the bound covers (``pointwise_half_unsure_bytes``). The data gradient's conversion block appears
       erratically (mostly at 4-14 per axis, where it is small; on a few 112 x 112 shapes with 512-2048 input
       channels, up to 0.98 GB): not charged, the bound's margin covers it.
+    * Stride 1, backward, below 28 x 28, at a measured width and image side (``pointwise_wgrad.CHOICES``): what
+      cuDNN took there, at the nearest measured batch (``measured_pointwise_choice``).
     """
     io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
     if any(s > 1 for s in stride):
@@ -291,6 +296,9 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
     pixels = math.prod(input_shape[2:])
     if pixels == 1:
         return 0  # a squeeze-excitation layer's 1 x 1 images: none on all 36 such calls (odd-channel grid)
+    measured = measured_pointwise_choice(input_shape, weight_shape, fp16=fp16)
+    if measured is not None and pixels < POINTWISE_MIN_PIXELS:
+        return {"P": partial_sums, "0": 0, "X": io + min(io, POINTWISE_X_EXTRA_BYTES)}.get(measured[0], io)
     if cin <= POINTWISE_NARROW_CIN and n <= 8 and pixels >= POINTWISE_MIN_PIXELS:
         return max(partial_sums, math.ceil(POINTWISE_NARROW_FACTOR * io))
     if pixels >= POINTWISE_MIN_PIXELS:
@@ -302,13 +310,17 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
 
 
 def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
-                                output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int]) -> int:
+                                output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int],
+                                fp16: bool = False) -> int:
     """How much more than charged the filter gradient of a 2-D 1x1 half-precision convolution may take where
     cuDNN's choice was erratic on the H200 grid (``POINTWISE_ERRATIC_BATCH``), 0 elsewhere: the conversion block,
     about input + output but up to 3 x that plus 6.6 MiB at small sizes (112 -> 672 at 32 x 32, batch 2: 9.7 MB
     for 3.1), so 1.2 x input + output + 8 MiB, which covers all 60 such calls of the grid; and a segmentation head's
     (``POINTWISE_HEAD_*``)."""
     n, cin, cout = input_shape[0], input_shape[1], weight_shape[0]
+    pixels = math.prod(input_shape[2:])
+    if all(s == 1 for s in stride) and 1 < pixels < POINTWISE_MIN_PIXELS:
+        return _small_pointwise_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, fp16=fp16)
     if (cout <= POINTWISE_NARROW_CIN and cin <= POINTWISE_HEAD_MAX_CIN and n <= POINTWISE_HEAD_BATCH
             and all(s == 1 for s in stride) and math.prod(input_shape[2:]) >= POINTWISE_MIN_PIXELS):
         return _erratic_allowance(input_shape, output_shape, itemsize, POINTWISE_HEAD_ERRATIC_FACTOR)
@@ -316,6 +328,85 @@ def pointwise_half_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
             or min(cin, cout) <= POINTWISE_NARROW_CIN or math.prod(input_shape[2:]) < POINTWISE_MIN_PIXELS):
         return 0  # other narrow layers (24 -> 144) kept to the rule on the first grid
     return _erratic_allowance(input_shape, output_shape, itemsize, POINTWISE_ERRATIC_FACTOR)
+
+
+# Below 28 x 28 the filter gradient of a stride-1 1x1 half-precision convolution takes either the fp32 partial sums
+# or a conversion block, and which one follows no rule we could find: on an H100 grid of 28 widths of real networks'
+# last stages at 4-17 pixels a side, batch 8-96 (cudnn_calibration_conv_pointwise_small_half_h100_torch2.11_
+# 20261127.json), ResNet-50's 2048 <-> 512 took the block at every size and batch, InceptionV3's 2048 -> 384 and
+# EfficientNet-B0's 320 -> 1280 head the partial sums (96 and 150 MiB in their zoo streams, where the rule had
+# charged the 10-15 MB block: 2.7-3.7 % under in peak allocated), and 1280 -> 384 at 7 x 7 took them at batch 8,
+# 16 and 64 but not 32 or 96. The H200's grids agree call for call where they overlap (44 shapes). So the measured
+# choices are looked up (``pointwise_wgrad.CHOICES``), and the bound adds the other choice wherever the call was
+# not measured at its batch and both were seen at its width and side, or not measured at all.
+
+
+POINTWISE_X_EXTRA_BYTES = 8 << 20
+"""A conversion block larger than input + output (``X``) took up to this much more, or input + output again where
+that is less (1024 -> 1024 at 8-14 pixels a side, batch 8-96: input + output + 8.0 MiB on all ten calls; 1536 -> 1536
+at 8: + 3.0 / 6.0 / 8.0 / 8.0 / 7.5 MiB; H100 grid)."""
+
+
+def measured_pointwise_choice(input_shape: Sequence[int], weight_shape: Sequence[int], *,
+                              fp16: bool) -> tuple[str, frozenset[str], bool] | None:
+    """What cuDNN's filter gradient took for this stride-1 1x1 half-precision convolution on the grids (``P``
+    partial sums, ``I`` conversion block, ``X`` a larger conversion block, ``0`` none) at the measured batch nearest
+    to this one; every choice measured at its width and side (only the one taken where this batch was measured);
+    and whether this batch was. None where its width and side were not measured."""
+    if len(input_shape) != 4 or input_shape[2] != input_shape[3]:
+        return None
+    row = pointwise_wgrad.CHOICES.get((input_shape[1], weight_shape[0], input_shape[2]))
+    column = 0 if fp16 else 1
+    taken = {batch: classes[column] for batch, classes in (row or {}).items() if classes[column] != "-"}
+    if not taken:
+        return None
+    n = input_shape[0]
+    if n in taken:
+        return taken[n], frozenset(taken[n]), True
+    nearest = min(taken, key=lambda batch: (abs(math.log(batch / n)), -batch))
+    return taken[nearest], frozenset(taken.values()), False
+
+
+POINTWISE_NEIGHBOUR_RATIO = 1.5
+"""A call not measured at its batch is bounded by the choices of the measured widths at its image side whose input and
+output channels are each within this factor of its own (1536 -> 2304 by 1536 -> 1536; 1280 -> 448 by 1280 -> 384,
+which took the partial sums at 8 x 8; 2048 -> 384 at 7 x 7 by itself and by 1536 -> 384, which took them at three
+batches of five); with none that near, by every choice. Leaving one batch, or one width, out of the grids at a time,
+this bound is within 1 MiB of or above what the left-out call took on all 1746 calls with its batch left out, all
+but 16 with its width left out (1024 -> 128 at 4-8 pixels a side and 384 -> 384 at 4, by at most 44 MiB:
+cudnn_pointwise_wgrad_leave_out_torch2.11_20261127.json, from benchmarks/estimate/pointwise_table.py --check)."""
+
+
+def _neighbours_choices(input_shape: Sequence[int], weight_shape: Sequence[int], *, fp16: bool) -> frozenset[str]:
+    """Every choice measured at this image side for widths within ``POINTWISE_NEIGHBOUR_RATIO`` of this one (its own
+    included, at every batch), or ``P`` and ``X`` (the two largest) where none is."""
+    cin, cout, column = input_shape[1], weight_shape[0], 0 if fp16 else 1
+    seen: set[str] = set()
+    if len(input_shape) == 4 and input_shape[2] == input_shape[3]:
+        for (c_in, c_out, side), row in pointwise_wgrad.CHOICES.items():
+            if (side == input_shape[2] and max(c_in / cin, cin / c_in) <= POINTWISE_NEIGHBOUR_RATIO
+                    and max(c_out / cout, cout / c_out) <= POINTWISE_NEIGHBOUR_RATIO):
+                seen.update(classes[column] for classes in row.values() if classes[column] != "-")
+    return frozenset(seen) if seen else frozenset("PX")
+
+
+def _small_pointwise_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
+                                  output_shape: Sequence[int], *, itemsize: int, fp16: bool) -> int:
+    """Below 28 x 28: the largest block a choice seen at this width and side (every choice where none was measured)
+    would take, beyond what the estimate charged."""
+    io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
+    partial_sums = input_shape[0] * input_shape[1] * weight_shape[0] * 4
+    measured = measured_pointwise_choice(input_shape, weight_shape, fp16=fp16)
+    exact = measured is not None and measured[2]
+    seen = measured[1] if exact else _neighbours_choices(input_shape, weight_shape, fp16=fp16)
+    # the classes' own tolerances (pointwise_table.py: P within 2 %, I within 5 %); a conversion block measured at
+    # another batch may come out larger here (X: 1.07-1.3 x input + output)
+    block = math.ceil(1.05 * io) if exact and "I" in seen else (
+        _erratic_allowance(input_shape, output_shape, itemsize, POINTWISE_ERRATIC_FACTOR) if seen & {"I", "X"} else 0)
+    worst = max(math.ceil(1.02 * partial_sums) if "P" in seen else 0, block)
+    charged = _pointwise_half_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, stride=(1, 1),
+                                    backward=True, fp16=fp16)
+    return max(0, worst - charged)
 
 
 def _erratic_allowance(input_shape: Sequence[int], output_shape: Sequence[int], itemsize: int, factor: float) -> int:
