@@ -274,6 +274,46 @@ def test_multihead_attention_lays_out_the_output_as_cuda_does(precision, kernel,
     assert len(output_copies) == copies and all(a.nbytes == b * seq * dim * itemsize for a in output_copies)
 
 
+def test_flash_attention_gradients_keep_their_inputs_layout_so_no_copy_follows():
+    # CUDA's flash backward allocates each gradient like its input (empty_like): nn.MultiheadAttention's q, k, v are
+    # views of (L, B*H, D), and their gradients go back through those views without a copy. The CPU kernel's
+    # gradients are (B, L, H, D)-contiguous, which had the views' backward copy each of them twice (8 MiB blocks an
+    # H100's stream of the zoo's nn.Transformer lacks: zoo_traces_h100_torch2.11_20261127.tar.gz)
+    b, seq, dim, heads = 2, 16, 64, 4
+    w = Workload(
+        model=lambda: torch.nn.TransformerEncoderLayer(dim, heads, 128, dropout=0.0, batch_first=True),
+        batch=lambda n: (torch.randn(n, seq, dim),), loss=lambda out, bt: out.float().sum(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=b, precision="bf16",
+    )
+    trace = trace_workload(w, GPU, steps=1)
+    backward = [a for a in trace.allocs if a.phase == "backward"]
+    assert sum(a.op == "_scaled_dot_product_flash_attention_for_cpu_backward" for a in backward) == 3
+    d = dim // heads
+    assert not [a for a in backward if a.op == "clone" and a.shape in ((b, heads, seq, d), (seq, b * heads, d))]
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_a_softmax_over_a_permuted_input_copies_it_after_its_output(permuted):  # noqa: ANN001
+    # SoftMax.cu's host_softmax makes input.contiguous() after the structured kernel allocated the output: cross-
+    # entropy over (B, V, L) logits, laid out (B, L, V), takes a logits-sized block per step (606 MB in the zoo's
+    # nn.Transformer on an H100, whose peak reserved memfit then matched to the byte)
+    vocab, seq = 96, 40
+
+    def forward(m, bt):  # noqa: ANN001, ANN202
+        out = m(bt[0])  # (B, L, V)
+        return out.transpose(1, 2) if permuted else out.transpose(1, 2).contiguous()
+
+    w = Workload(model=lambda: torch.nn.Linear(32, vocab), batch=lambda n: (torch.randn(n, seq, 32),
+                 torch.randint(0, vocab, (n, seq))), forward=forward,
+                 loss=lambda out, bt: torch.nn.functional.cross_entropy(out, bt[1]),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4)
+    trace = trace_workload(w, GPU, steps=1)
+    loss = [(a.op, a.nbytes) for a in trace.allocs if a.phase == "loss"]
+    logits = 4 * seq * vocab * 4
+    assert loss[0] == ("_log_softmax", logits)
+    assert (("_log_softmax_scratch", logits) in loss) == permuted
+
+
 def test_a_bias_with_a_strided_last_dimension_takes_the_math_path():
     # CUDA's fused kernels refuse a mask whose last dimension is not contiguous (the CPU's accept it): Hugging Face
     # T5 5.17 passes its position bias as a permuted view, and the H200 ran the math path, probabilities and all

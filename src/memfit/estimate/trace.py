@@ -194,6 +194,30 @@ def _fake_like(real: Any) -> Any:
     return real
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: the strides of some permutation of a contiguous tensor (what ``empty_like``
+    keeps)."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _cuda_attention_grads(grads: Any, inputs: Any) -> Any:
+    """The CPU flash kernel's gradients (stand-ins for CUDA's fused attention) laid out as CUDA lays them out.
+
+    CUDA's flash backward allocates each gradient with ``empty_like`` of its input (flash_api.cpp, mha_bwd), so a
+    query that is a view of (L, B*H, D), as ``nn.MultiheadAttention`` makes it, gets a gradient whose views back
+    to the in-projection need no copy; the CPU kernel's gradients are (B, L, H, D)-contiguous whatever the inputs,
+    and the views' backward then copied each of q, k and v twice (8 MiB blocks an H100's stream of the zoo's
+    nn.Transformer does not have: zoo_traces_h100_torch2.11_20261127.tar.gz)."""
+    return tuple(torch.empty_strided(x.shape, x.stride(), dtype=g.dtype)
+                 if isinstance(g, torch.Tensor) and g.shape == x.shape and _dense(x) else g
+                 for g, x in zip(grads, inputs))
+
+
 _RANDOM_OPS = frozenset(
     "rand rand_like randn randn_like randint randint_like randperm bernoulli normal multinomial native_dropout "
     "bernoulli_ normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_".split())
@@ -534,6 +558,8 @@ class _Recorder(tp.TorchDispatchMode):
                    if self.stand_ins is not None and self.phase in ("forward", "loss") else None)
             if out is None:
                 out = func(*args, **kwargs)
+            if name == "_scaled_dot_product_flash_attention_for_cpu_backward" and not self.real:
+                out = _cuda_attention_grads(out, args[1:4])
         except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
             real = self.values.run(func, name, args, kwargs)
             if real is not None:  # its size depends on values that are known: a fake output of the real size
@@ -692,6 +718,12 @@ class _Recorder(tp.TorchDispatchMode):
     def _kernel_transients(self, name: str, args: Any, out: Any) -> list[int]:
         """Blocks a CUDA kernel takes, in order, and gives back in reverse order inside one op
         (memfit.estimate.workspaces has the rules)."""
+        if name in ("_softmax", "_log_softmax"):
+            # SoftMax.cu, host_softmax: input_.contiguous() after the structured kernel allocated the output, so a
+            # softmax over a permuted input takes a copy of it for the call (an H100 stream of the zoo's
+            # nn.Transformer: a 606 MB block for cross-entropy over its (B, V, L) logits, after the log-softmax's
+            # output, every step: zoo_traces_h100_torch2.11_20261127.tar.gz)
+            return [b for b in (_contiguous_copy_bytes(args[0]),) if b > 0]
         if name in ("_softmax_backward_data", "_log_softmax_backward_data"):
             grad, output = args[0], args[1]
             if name == "_softmax_backward_data":
