@@ -328,6 +328,23 @@ def sdpa_efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     )[0]
 
 
+def flash_cpu_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float,
+                       is_causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU flash kernel's output and log-sum-exp (what its backward takes)."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        query, key, value, dropout_p, is_causal, scale=scale)
+    return out, lse
+
+
+def flash_cpu_backward(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, dropout_p: float, is_causal: bool,
+                       scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CPU flash kernel's backward: the gradients of query, key and value."""
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        grad, query, key, value, out, lse, dropout_p, is_causal, scale=scale)
+    return dq, dk, dv
+
+
 def sdpa_flash_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                    dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
     """The CPU flash kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``): saves the output and a

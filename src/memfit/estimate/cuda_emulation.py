@@ -11,6 +11,8 @@ kernels keep different tensors alive:
 * **Dropout.** CUDA's fused ``native_dropout`` saves a 1-byte mask; CPU's composite saves a float noise tensor.
 * **Attention.** CUDA's ``scaled_dot_product_attention`` runs a fused kernel (flash / memory-efficient) that
   saves the output and a log-sum-exp; CPU may pick the math path, which materialises B*H*L*L probabilities.
+  Grouped keys (``enable_gqa``) go to flash unexpanded: forward keeps them as they are, backward expands their
+  gradients (``_GroupedFlash``).
 * **Linear with a bias on a non-contiguous input.** CUDA adds the bias in place; a fake tensor, a tensor subclass,
   takes the composite's out-of-place add (one more output-sized block).
 * **RNNs.** CUDA runs ``nn.LSTM``/``GRU``/``RNN`` as one fused cuDNN call (``memfit.estimate.cudnn_rnn``); CPU runs
@@ -228,6 +230,44 @@ def _cuda_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return torch.matmul(input, weight.t()).add_(bias)
 
 
+class _GroupedFlash(torch.autograd.Function):
+    """CUDA's flash kernel on grouped keys (``enable_gqa``, fp16/bf16, no mask; Llama-3, Mistral, Qwen2 through
+    Hugging Face's SDPA attention when it passes no mask). The kernel reads each key and value head for its group of
+    query heads, so forward saves them as they are; its backward computes the key and value gradients for every
+    query head (flash_api.cpp, mha_bwd: dk_expanded, dv_expanded) and sums each group into them. The CPU kernel that
+    stands in for it needs as many key heads as query heads: they are expanded for its calls, unseen by the trace
+    (``no_dispatch_modes``), instead of being saved expanded for backward, (groups - 1) x the keys and values of
+    every layer more than CUDA keeps."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float,
+                is_causal: bool, scale: float | None) -> torch.Tensor:
+        key_x, value_x = _expanded_heads(query, key, value)
+        out, lse = tp.flash_cpu_with_lse(query, key_x, value_x, dropout_p, is_causal, scale)
+        del key_x, value_x
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.args = (dropout_p, is_causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, out, lse = ctx.saved_tensors
+        key_x, value_x = _expanded_heads(query, key, value)
+        dq, dk_x, dv_x = tp.flash_cpu_backward(grad, query, key_x, value_x, out, lse, *ctx.args)
+        del key_x, value_x
+        heads, groups = key.shape[-3], query.shape[-3] // key.shape[-3]
+        dk = dk_x.unflatten(-3, (heads, groups)).sum(-3)
+        dv = dv_x.unflatten(-3, (heads, groups)).sum(-3)
+        return dq, dk, dv, None, None, None
+
+
+def _expanded_heads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value repeated to the query's heads, as fake tensors the trace does not see (CUDA makes none)."""
+    groups = query.shape[-3] // key.shape[-3]
+    with tp.no_dispatch_modes():
+        return key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+
+
 def _cuda_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -244,6 +284,10 @@ def _cuda_sdpa(
     # the call (ATen/native/transformers/cuda/sdp_utils.cpp), CUDA runs the math path, and so does the trace.
     half = query.dtype in (torch.float16, torch.bfloat16)
     gqa = enable_gqa and key.shape[-3] != query.shape[-3]
+    if (gqa and half and attn_mask is None and query.dim() == 4 and isinstance(query, tp.FakeTensor)
+            and query.shape[-1] % 8 == 0 and query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256
+            and query.shape[-3] % key.shape[-3] == 0 and _fused_strides(query, key, value, None)):
+        return _GroupedFlash.apply(query, key, value, dropout_p, is_causal, scale)
     if gqa:
         groups = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)

@@ -398,7 +398,8 @@ def _small_pointwise_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequ
     partial_sums = input_shape[0] * input_shape[1] * weight_shape[0] * 4
     measured = measured_pointwise_choice(input_shape, weight_shape, fp16=fp16)
     exact = measured is not None and measured[2]
-    seen = measured[1] if exact else _neighbours_choices(input_shape, weight_shape, fp16=fp16)
+    seen = measured[1] if measured is not None and exact else _neighbours_choices(input_shape, weight_shape,
+                                                                                  fp16=fp16)
     # the classes' own tolerances (pointwise_table.py: P within 2 %, I within 5 %); a conversion block measured at
     # another batch may come out larger here (X: 1.07-1.3 x input + output)
     block = math.ceil(1.05 * io) if exact and "I" in seen else (
