@@ -296,8 +296,9 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
     pixels = math.prod(input_shape[2:])
     if pixels == 1:
         return 0  # a squeeze-excitation layer's 1 x 1 images: none on all 36 such calls (odd-channel grid)
-    measured = measured_pointwise_choice(input_shape, weight_shape, fp16=fp16)
-    if measured is not None and pixels < POINTWISE_MIN_PIXELS:
+    small = pixels < POINTWISE_MIN_PIXELS
+    measured = measured_pointwise_choice(input_shape, weight_shape, fp16=fp16) if small else None
+    if measured is not None:
         return {"P": partial_sums, "0": 0, "X": io + min(io, POINTWISE_X_EXTRA_BYTES)}.get(measured[0], io)
     if cin <= POINTWISE_NARROW_CIN and n <= 8 and pixels >= POINTWISE_MIN_PIXELS:
         return max(partial_sums, math.ceil(POINTWISE_NARROW_FACTOR * io))
@@ -397,7 +398,7 @@ def _small_pointwise_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequ
     io = _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
     partial_sums = input_shape[0] * input_shape[1] * weight_shape[0] * 4
     measured = measured_pointwise_choice(input_shape, weight_shape, fp16=fp16)
-    exact = measured is not None and measured[2]
+    exact = measured is not None and measured[2]  # this batch was measured: its choice alone
     seen = measured[1] if measured is not None and exact else _neighbours_choices(input_shape, weight_shape,
                                                                                   fp16=fp16)
     # the classes' own tolerances (pointwise_table.py: P within 2 %, I within 5 %); a conversion block measured at
