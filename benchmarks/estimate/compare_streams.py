@@ -42,7 +42,7 @@ def main() -> None:
 
     rows = []
     with tarfile.open(args.streams) as tar:
-        members = sorted(m for m in tar.getmembers() if m.name.endswith(".json.gz"))
+        members = sorted((m for m in tar.getmembers() if m.name.endswith(".json.gz")), key=lambda m: m.name)
         for member in members:
             name = member.name.removesuffix(".json.gz")
             recorded = json.loads(gzip.decompress(tar.extractfile(member).read()))  # type: ignore[union-attr]
