@@ -231,10 +231,12 @@ def _cuda_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class _GroupedFlash(torch.autograd.Function):
-    """CUDA's flash kernel on grouped keys (``enable_gqa``, fp16/bf16, no mask; Llama-3, Mistral, Qwen2 through
-    Hugging Face's SDPA attention when it passes no mask). The kernel reads each key and value head for its group of
-    query heads, so forward saves them as they are; its backward computes the key and value gradients for every
-    query head (flash_api.cpp, mha_bwd: dk_expanded, dv_expanded) and sums each group into them. The CPU kernel that
+    """CUDA's fused attention on grouped keys (``enable_gqa``, fp16/bf16, no mask; Llama-3, Mistral, Qwen2 through
+    Hugging Face's SDPA attention when it passes no mask): cuDNN's on an H100 with torch 2.11, flash elsewhere
+    (tests/test_trace.py checks on the GPU). It reads each key and value head for its group of query heads, so
+    forward saves them as they are; its backward computes the key and value gradients for every query head (flash:
+    flash_api.cpp mha_bwd's dk_expanded, dv_expanded; the zoo's Mixtral's H100 stream: one block of two fp32
+    query-sized accumulators and the two expanded gradients) and sums each group into them. The CPU kernel that
     stands in for it needs as many key heads as query heads: they are expanded for its calls, unseen by the trace
     (``no_dispatch_modes``), instead of being saved expanded for backward, (groups - 1) x the keys and values of
     every layer more than CUDA keeps."""

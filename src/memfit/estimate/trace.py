@@ -208,7 +208,9 @@ def _dense(t: torch.Tensor) -> bool:
 def _cuda_attention_grads(grads: Any, inputs: Any) -> Any:
     """The CPU flash kernel's gradients (stand-ins for CUDA's fused attention) laid out as CUDA lays them out.
 
-    CUDA's flash backward allocates each gradient with ``empty_like`` of its input (flash_api.cpp, mha_bwd), so a
+    CUDA's fused backward (flash: ``empty_like`` of each input, flash_api.cpp mha_bwd; cuDNN's attention, which an
+    H100 with torch 2.11 runs: the same, tests/test_trace.py checks on the GPU) gives each gradient its input's
+    strides, so a
     query that is a view of (L, B*H, D), as ``nn.MultiheadAttention`` makes it, gets a gradient whose views back
     to the in-projection need no copy; the CPU kernel's gradients are (B, L, H, D)-contiguous whatever the inputs,
     and the views' backward then copied each of q, k and v twice (8 MiB blocks an H100's stream of the zoo's
