@@ -3,8 +3,8 @@
 they overlap: 44 of 44 shapes within 0.7 MiB).
 
     python benchmarks/estimate/pointwise_table.py          # any machine; rewrites the module from the grids
-    python benchmarks/estimate/pointwise_table.py --check  # the estimate and bound with each call's batch, then
-                                                           # its width, left out of the table (a leave-out test)
+    python benchmarks/estimate/pointwise_table.py --check  # the bound with each call's batch, then its width at its
+                                                           # side, then its width at every side left out of the table
 
 Each call is classed as ``P`` (the fp32 partial sums, batch x Cin x Cout x 4 bytes, within 2 % or 1 MiB), ``I``
 (the layout conversion, input + output, within 5 % or 1 MiB), ``X`` (a conversion block with more: up to
@@ -60,7 +60,7 @@ def check() -> None:
     full = dict(pointwise_wgrad.CHOICES)
     rows = _rows()
     result: dict = {"grids": GRIDS, "calls": len(rows), "tolerance_bytes": TOLERANCE}
-    for mode in ("batch", "width"):
+    for mode in ("batch", "width", "width_every_side"):
         missed = []
         for r in rows:
             key = (r["cin"], r["cout"], r["size"])
@@ -68,6 +68,8 @@ def check() -> None:
             kept = {b: c for b, c in full[key].items() if b != r["n"]} if mode == "batch" else {}
             if kept:
                 table[key] = kept
+            elif mode == "width_every_side":
+                table = {k: v for k, v in full.items() if k[:2] != key[:2]}
             else:
                 del table[key]
             pointwise_wgrad.CHOICES = table

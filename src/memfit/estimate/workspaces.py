@@ -369,13 +369,13 @@ def measured_pointwise_choice(input_shape: Sequence[int], weight_shape: Sequence
 
 
 POINTWISE_NEIGHBOUR_RATIO = 1.5
-"""A call not measured at its batch is bounded by the choices of the measured widths at its image side whose input and
-output channels are each within this factor of its own (1536 -> 2304 by 1536 -> 1536; 1280 -> 448 by 1280 -> 384,
-which took the partial sums at 8 x 8; 2048 -> 384 at 7 x 7 by itself and by 1536 -> 384, which took them at three
-batches of five); with none that near, by every choice. Leaving one batch, or one width, out of the grids at a time,
-this bound is within 1 MiB of or above what the left-out call took on all 1746 calls with its batch left out, all
-but 16 with its width left out (1024 -> 128 at 4-8 pixels a side and 384 -> 384 at 4, by at most 44 MiB:
-cudnn_pointwise_wgrad_leave_out_torch2.11_20261127.json, from benchmarks/estimate/pointwise_table.py --check)."""
+"""A call not measured at its batch is bounded by the choices measured for widths and image sides each within this
+factor of its own, its own width and side included (1536 -> 2304 by 1536 -> 1536; 1280 -> 448 by 1280 -> 384, which
+took the partial sums at 8 x 8; 768 -> 768 at 10 x 10 by 640 -> 640 and 1024 -> 1024 at 8 and 14); with none that
+near, by every choice. With each call's batch left out of the grids this bound was within 1 MiB of or above what the
+call took on all 1746 calls; with its width left out at its side, on all but 6; at every side, all but 10 (384 ->
+384 at 4-8 and 1024 -> 128 at 4 pixels a side, by at most 44 MiB: cudnn_pointwise_wgrad_leave_out_torch2.11_
+20261127.json, from benchmarks/estimate/pointwise_table.py --check)."""
 
 
 def _neighbours_choices(input_shape: Sequence[int], weight_shape: Sequence[int], *, fp16: bool) -> frozenset[str]:
@@ -385,7 +385,8 @@ def _neighbours_choices(input_shape: Sequence[int], weight_shape: Sequence[int],
     seen: set[str] = set()
     if len(input_shape) == 4 and input_shape[2] == input_shape[3]:
         for (c_in, c_out, side), row in pointwise_wgrad.CHOICES.items():
-            if (side == input_shape[2] and max(c_in / cin, cin / c_in) <= POINTWISE_NEIGHBOUR_RATIO
+            if (max(side / input_shape[2], input_shape[2] / side) <= POINTWISE_NEIGHBOUR_RATIO
+                    and max(c_in / cin, cin / c_in) <= POINTWISE_NEIGHBOUR_RATIO
                     and max(c_out / cout, cout / c_out) <= POINTWISE_NEIGHBOUR_RATIO):
                 seen.update(classes[column] for classes in row.values() if classes[column] != "-")
     return frozenset(seen) if seen else frozenset("PX")
