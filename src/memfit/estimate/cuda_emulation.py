@@ -11,8 +11,8 @@ kernels keep different tensors alive:
 * **Dropout.** CUDA's fused ``native_dropout`` saves a 1-byte mask; CPU's composite saves a float noise tensor.
 * **Attention.** CUDA's ``scaled_dot_product_attention`` runs a fused kernel (flash / memory-efficient) that
   saves the output and a log-sum-exp; CPU may pick the math path, which materialises B*H*L*L probabilities.
-  Grouped keys (``enable_gqa``) go to flash unexpanded: forward keeps them as they are, backward expands their
-  gradients (``_GroupedFlash``).
+  Grouped keys (``enable_gqa``) go to the fused kernel unexpanded: forward keeps them as they are, backward
+  expands their gradients (``_GroupedFlash``).
 * **Linear with a bias on a non-contiguous input.** CUDA adds the bias in place; a fake tensor, a tensor subclass,
   takes the composite's out-of-place add (one more output-sized block).
 * **RNNs.** CUDA runs ``nn.LSTM``/``GRU``/``RNN`` as one fused cuDNN call (``memfit.estimate.cudnn_rnn``); CPU runs

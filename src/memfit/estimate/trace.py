@@ -211,9 +211,9 @@ def _cuda_attention_grads(grads: Any, inputs: Any) -> Any:
     CUDA's fused backward (flash: ``empty_like`` of each input, flash_api.cpp mha_bwd; cuDNN's attention, which an
     H100 with torch 2.11 runs: the same, tests/test_trace.py checks on the GPU) gives each gradient its input's
     strides, so a query that is a view of (L, B*H, D), as ``nn.MultiheadAttention`` makes it, gets a gradient whose
-    views back to the in-projection need no copy; the CPU kernel's gradients are (B, L, H, D)-contiguous whatever the inputs,
-    and the views' backward then copied each of q, k and v twice (8 MiB blocks an H100's stream of the zoo's
-    nn.Transformer does not have: zoo_traces_h100_torch2.11_20261127.tar.gz)."""
+    views back to the in-projection need no copy; the CPU kernel's gradients are (B, L, H, D)-contiguous whatever
+    the inputs, and the views' backward then copied each of q, k and v twice (8 MiB blocks an H100's stream of the
+    zoo's nn.Transformer does not have: zoo_traces_h100_torch2.11_20261127.tar.gz)."""
     return tuple(torch.empty_strided(x.shape, x.stride(), dtype=g.dtype)
                  if isinstance(g, torch.Tensor) and g.shape == x.shape and _dense(x) else g
                  for g, x in zip(grads, inputs))
