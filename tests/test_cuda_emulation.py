@@ -473,6 +473,10 @@ def test_small_pointwise_filter_gradients_take_the_measured_choice():
     assert charged == 48 * 1280 * 384 * 4 and extra >= 0
     charged, extra = _small_pointwise(24, 1280, 384, 7, fp16=True)  # nearest: 32, the block
     assert charged == io(24, 1280, 384, 7) and charged + extra >= 24 * 1280 * 384 * 4
+    # beyond the batches measured the choice may flip (timm's EfficientNet-B0 head at batch 128 took the block on
+    # the H100, where the grid's 8-96 took the partial sums): the rule's charge, the partial sums bounded
+    charged, extra = _small_pointwise(128, 320, 1280, 7, fp16=True)
+    assert charged == io(128, 320, 1280, 7) and charged + extra >= 128 * 320 * 1280 * 4
     # an unmeasured width: the rule's charge, bounded by its measured neighbours (1280 -> 448 by 1280 -> 384) or
     # by both choices where none is near
     charged, extra = _small_pointwise(32, 1280, 448, 8, fp16=True)
