@@ -33,12 +33,12 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100")
     args = parser.parse_args()
     import torch
+    from registry import entries
 
     from memfit.estimate.allocator import replay
     from memfit.estimate.gpus import gpu_spec
     from memfit.estimate.trace import trace_workload
     from memfit.workload.loading import load_workload
-    from registry import entries
 
     rows = []
     with tarfile.open(args.streams) as tar:
