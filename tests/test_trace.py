@@ -816,17 +816,108 @@ def test_tied_weight_grads_are_summed_in_place_as_on_cuda(monkeypatch):  # noqa:
     w = Workload(
         name="tied", model=_Tied, batch=lambda n: (torch.randint(0, 4096, (n, 64)),),
         loss=lambda out, b: out.float().pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8,
+        precision="bf16",
     )
     trace = trace_workload(w, GPU, steps=2)
-    backward_adds = [a for a in trace.allocs if a.op == "add" and a.phase == "backward"]
-    # CUDA's engine adds the embedding's grad into the head's in place (input_buffer.cpp): no new weight-sized
-    # buffer; where the block's two input grads meet, the trace keeps the out-of-place sum
-    assert not [a for a in backward_adds if a.shape == (4096, 256)]
-    assert [a for a in backward_adds if a.shape == (8, 64, 256)]
+    # under autocast the head's weight grad comes out of the bf16 copy's backward as a new fp32 tensor, and CUDA's
+    # engine adds the embedding's grad into it in place (input_buffer.cpp): no new weight-sized buffer (the
+    # 190 MiB of GPT-2's tied embedding, benchmarks/results/explain/explain_cases_h200_torch2.11_20261126.md)
+    assert not [a for a in trace.allocs if a.op == "add" and a.phase == "backward" and a.shape == (4096, 256)]
     # the weight's grad is one buffer of its size, alive from its first contribution to the next zero_grad
     assert sorted(a.nbytes for a in trace.allocs if a.category == "grads" and a.step == 0)[-1] == 4096 * 256 * 4
     # and the second step, copied from the first, is what tracing it gives
     _same_trace(trace_workload(w, GPU, steps=3), _traced_without_replay(w, monkeypatch))
+
+
+class _Junctions(torch.nn.Module):
+    """Gradients that meet in backward: residual blocks (the engine sums in place), a branch through a permute
+    whose gradient is a view of another (its base holds the storage: summed out of place), and a tied weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(512, 64)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(3))
+        self.norm = torch.nn.LayerNorm(16)
+        self.head = torch.nn.Linear(64, 512, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens)  # (B, 16, 64)
+        for block in self.blocks:
+            h = h + torch.relu(block(h))
+        side = self.norm(h.transpose(1, 2)).transpose(1, 2)  # a Swin stage's output projection, channels last
+        return self.head(h + side)
+
+
+def _junction_workload(precision: str) -> Workload:
+    return Workload(
+        name="junctions", model=_Junctions, batch=lambda n: (torch.randint(0, 512, (n, 16)),),
+        loss=lambda out, b: out.float().pow(2).mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4,
+        precision=precision,
+    )
+
+
+def _engine_sums(device: str, precision: str) -> list[tuple[str, str]]:
+    """(node, add or add_) of each sum the autograd engine made in a real backward (its profile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    w = _junction_workload(precision)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = w.model()
+        batch = w.make_batch(w.batch_size)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss = w.loss(model(*batch), batch)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss.backward()
+    prefix = "autograd::engine::evaluate_function: "
+    return sorted((e.cpu_parent.name[len(prefix):], e.name.removeprefix("aten::")) for e in prof.events()
+                  if e.name in ("aten::add", "aten::add_") and e.cpu_parent is not None
+                  and e.cpu_parent.name.startswith(prefix))
+
+
+def _traced_sums(monkeypatch, precision: str) -> list[tuple[str, str]]:  # noqa: ANN001
+    """(node, add or add_) of each gradient sum the trace saw: ``add_`` where it folded the sum into its first
+    term's block, as the engine's in-place sum."""
+    from memfit import _torch_private as tp
+    from memfit.estimate import trace as tr
+
+    seen: list[list[str]] = []
+    accumulate, fold = tr._Recorder._accumulate_in_place, tr._Recorder._fold_sum
+
+    def watch_accumulate(self, name, args, kwargs, out):  # noqa: ANN001, ANN202
+        taken = accumulate(self, name, args, kwargs, out)
+        if taken and self.step == 0:
+            seen.append([tp.autograd_node_name(tp.current_autograd_node()), "add"])
+        return taken
+
+    def watch_fold(self, key):  # noqa: ANN001, ANN202
+        folded = fold(self, key)
+        if folded and self.step == 0:
+            seen[-1][1] = "add_"
+        return folded
+
+    monkeypatch.setattr(tr._Recorder, "_accumulate_in_place", watch_accumulate)
+    monkeypatch.setattr(tr._Recorder, "_fold_sum", watch_fold)
+    trace_workload(_junction_workload(precision), GPU, steps=1)
+    return sorted(tuple(s) for s in seen)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gradient_sums_are_folded_where_the_engine_sums_in_place(monkeypatch, precision):  # noqa: ANN001
+    # the reference: a real CPU backward's profile (InputBuffer::accumulate is the same code on every device)
+    real = _engine_sums("cpu", precision)
+    if precision == "fp32":  # the residual sums in place, the permuted branch's and the tied weight's not: views
+        assert real == [("EmbeddingBackward0", "add"), ("TransposeBackward0", "add")] + [("ViewBackward0", "add_")] * 3
+    else:  # under autocast every gradient comes out of a cast's backward as a new tensor: all in place
+        assert len(real) == 5 and {kind for _, kind in real} == {"add_"}
+    assert _traced_sums(monkeypatch, precision) == real
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_sums_gradients_where_the_trace_folds_them(monkeypatch, precision):  # noqa: ANN001
+    assert _traced_sums(monkeypatch, precision) == _engine_sums("cuda", precision)
 
 
 class _Stack(torch.nn.Module):

@@ -206,6 +206,16 @@ def current_autograd_node() -> Any:
     return torch._C._current_autograd_node()
 
 
+def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """``t``'s elements fill its storage span without gaps or overlaps, in any order of dimensions (what the
+    autograd engine asks before summing a gradient in place)."""
+    import torch._prims_common as prims
+
+    # renamed in torch 2.12 (``..._or_false``: False where a symbolic size cannot decide it)
+    check = getattr(prims, "is_non_overlapping_and_dense_or_false", None) or prims.is_non_overlapping_and_dense
+    return bool(check(t))
+
+
 def autograd_node_name(node: Any) -> str | None:
     """The class name of an autograd node (``CheckpointFunctionBackward``), or None for no node."""
     return None if node is None else node.name()

@@ -85,6 +85,16 @@ class Alloc:
     """A library workspace that the library does without when memory is short (cuDNN picks another algorithm)."""
 
 
+@dataclass(frozen=True)
+class _PendingSum:
+    """A gradient sum just traced out of place, which CUDA does in place if its first term dies next."""
+
+    old_key: int
+    sum_key: int
+    sum_storage: Any  # a weakref to the sum's storage: holding it would delay the sum's own free
+    node: tuple[str, int] | None
+
+
 @dataclass
 class Trace:
     """The allocation/free stream of one traced protocol run."""
@@ -310,6 +320,7 @@ class _Recorder(tp.TorchDispatchMode):
         self._finalizers: dict[int, Any] = {}
         # key -> the autograd node (tp.autograd_node_key: a name, never the node) that ran when a backward op made it
         self._born_in_node: dict[int, tuple[str, int] | None] = {}
+        self._pending_sum: _PendingSum | None = None
         self.held_keys: list[int] = []
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
@@ -359,6 +370,7 @@ class _Recorder(tp.TorchDispatchMode):
         return "temporaries"
 
     def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: TracedCategory | None = None) -> int:
+        self._pending_sum = None
         key = len(self.trace.allocs)
         module = self.module_stack[-1] if self.module_stack else ("(loss)" if self.phase == "loss" else "")
         self.trace.allocs.append(
@@ -372,6 +384,8 @@ class _Recorder(tp.TorchDispatchMode):
         if self.closed:
             # a fake storage collected after the trace ended (a reference cycle reaped by a later gc): its free
             # belongs to no step, and after the step copy it would free a key the copy already freed
+            return
+        if self._pending_sum is not None and self._fold_sum(key):
             return
         self.trace.ops.append(-1)
         self.trace.keys.append(key)
@@ -402,20 +416,21 @@ class _Recorder(tp.TorchDispatchMode):
     def _accumulate_in_place(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
         """Account for the autograd engine summing two gradients of one tensor as CUDA does: in place.
 
-        Where a tensor feeds two ops (a residual branch, a tied weight), backward adds the second gradient into
-        the first. ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) does ``old.add_(new)``
-        when ``old`` is a plain dense tensor that only the buffer holds, and ``old + new`` otherwise; fake tensors
-        are tensor-subclass-like, so under a trace it always takes the second path, one buffer too many (the
-        190 MiB of a tied embedding in benchmarks/results/explain/explain_cases_h200_torch2.11_20261126.md). The
-        sum's storage takes over ``old``'s allocation here. Told apart from an ``add`` inside a derivative formula
-        by where ``old`` was made: under an earlier node of this backward (the formula's own tensors are the
-        node's).
+        Where a tensor feeds two ops (a residual branch, a tied weight, a window's slices), backward adds the second
+        gradient into the first. ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) does
+        ``old.add_(new)`` when ``old`` is a dense, non-overlapping tensor that only the buffer holds (its use count
+        and its storage's are one), and ``old + new`` otherwise; fake tensors are tensor-subclass-like, so under a
+        trace it always takes the second path, one buffer too many (the 190 MiB of a tied embedding in
+        benchmarks/results/explain/explain_cases_h200_torch2.11_20261126.md). Told apart from an ``add`` inside a
+        derivative formula by where ``old`` was made: under an earlier node of this backward (the formula's own
+        tensors are the node's).
 
-        Only where the sum becomes a parameter's grad (the node feeds an ``AccumulateGrad``): applied to every
-        junction, it made the H200 suite's predictions worse where they had matched (MONAI Swin-UNETR's
-        ``fits_in`` from -0.8 % to -5.1 %, ResNet-50's uncapped reserved from +0.5 % to -4.6 %), so where two
-        activation gradients meet the trace keeps the engine's out-of-place sum.
+        Whether only the buffer holds ``old`` is known a moment later: the engine then drops it, and its storage is
+        freed before anything else is allocated. The sum is tracked as a new allocation here and ``_free`` folds
+        the pair back into ``old``'s block when that happens (``_fold_sum``). A real CPU backward's profile
+        (``aten::add_`` against ``aten::add`` under ``evaluate_function``) is the reference the tests hold this to.
         """
+        self._pending_sum = None
         if name != "add" or self.phase != "backward" or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
             return False
         if len(args) < 2 or not all(isinstance(t, torch.Tensor) for t in (args[0], args[1], out)):
@@ -423,7 +438,7 @@ class _Recorder(tp.TorchDispatchMode):
         old, new = args[0], args[1]
         if not (old.shape == new.shape == out.shape and old.dtype == new.dtype == out.dtype):
             return False
-        if old.layout != torch.strided or out.layout != torch.strided:
+        if old.layout != torch.strided or out.layout != torch.strided or new.layout != torch.strided:
             return False  # sparse gradients are summed by concatenation: a new tensor, as traced
         storage = old.untyped_storage()
         key = self._live.get(storage)
@@ -431,15 +446,36 @@ class _Recorder(tp.TorchDispatchMode):
         if key is None or node is None or key not in self._born_in_node or (
                 self._born_in_node[key] == tp.autograd_node_key(node)):
             return False
-        if not old.is_contiguous(memory_format=torch.channels_last) and not old.is_contiguous():
+        self.track(out, name)
+        if old._is_view() or not tp.is_non_overlapping_and_dense(old):
+            # a view's base holds its storage too: a permute's or a reshape's gradient (Swin-UNETR's stage outputs,
+            # a linear layer's weight gradient in fp32, which mm's backward hands over transposed)
+            return True
+        out_storage = out.untyped_storage()
+        out_key = self._live.get(out_storage)
+        if out_key is not None and out_key == len(self.trace.allocs) - 1:
+            self._pending_sum = _PendingSum(key, out_key, weakref.ref(out_storage), tp.autograd_node_key(node))
+        return True
+
+    def _fold_sum(self, key: int) -> bool:
+        """``key`` is freed: if it is the ``old`` of the sum just traced (``_accumulate_in_place``) and nothing
+        happened in between, the engine summed in place on CUDA: the sum's allocation is dropped and the sum's
+        storage takes over ``old``'s block. True when folded (no free is recorded)."""
+        pending, self._pending_sum = self._pending_sum, None
+        if pending is None or pending.old_key != key or self.trace.keys[-1] != pending.sum_key \
+                or self.trace.ops[-1] != 1:
             return False
-        if storage.nbytes() != old.numel() * old.element_size():
-            return False  # a view of a larger buffer: not what the engine keeps
-        if not any(getattr(fn, "variable", None) is not None and fn.variable.shape == out.shape
-                   and fn.variable.dtype == out.dtype for fn, _ in node.next_functions):
-            return False  # the sum goes to another node, not to a parameter's grad (see the docstring)
-        self._take_over(storage, key, out)
-        self._born_in_node[key] = tp.autograd_node_key(node)
+        storage = pending.sum_storage()
+        if storage is None or self._live.get(storage) != pending.sum_key:
+            return False
+        self.trace.ops.pop()
+        self.trace.keys.pop()
+        self.trace.allocs.pop()
+        self._finalizers.pop(pending.sum_key).detach()
+        self._born_in_node.pop(pending.sum_key, None)
+        self._finalizers.pop(key, None)
+        self._own(storage, key)
+        self._born_in_node[key] = pending.node
         return True
 
     def _index_put_in_place(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
