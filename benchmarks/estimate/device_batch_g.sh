@@ -5,6 +5,9 @@
 #                                                     # place (sum_in_place.py, real steps under the profiler), the
 #                                                     # trace tests on the GPU, and allocator streams of Swin-UNETR's
 #                                                     # plain loop and two ResNet-50s
+#   bash benchmarks/estimate/device_batch_g.sh caps   # the zoo entries whose bound fell under the measured cap after
+#                                                     # the in-place sums (streams capped at memfit's fits_in and at
+#                                                     # the measured cap), and each cap tried three times
 set -u
 . benchmarks/estimate/_site.sh
 case "$1" in
@@ -28,5 +31,22 @@ case "$1" in
     wait $a $b $traces $tests
     tail -n 3 "$OUT/sums_a.log" "$OUT/sums_b.log"; cat "$OUT/traces.log"; tail -n 8 "$OUT/gpu_tests.log"
     (cd "$OUT" && tar czf sums_traces.tar.gz traces && rm -rf traces)
+    ;;
+  caps)
+    mkdir -p "$OUT/traces"
+    timeout 300 python3 benchmarks/estimate/trace_entries.py --zoo --out "$OUT/traces" tv_r3d_18 tv_r3d_18@2141192192 \
+      tv_r3d_18@2222645575 frozen_timm_convnext_half frozen_timm_convnext_half@2105540608 \
+      frozen_timm_convnext_half@2193620992 > "$OUT/traces.log" 2>&1 &
+    traces=$!
+    timeout 400 python3 benchmarks/estimate/cap_repeats.py monai_swin_unetr_issue13 --jobs 4 --repeats 3 \
+      --caps 10995116277,11344208646,11393134979,11951669248 --out "$OUT/repeats_swin.json" > "$OUT/repeats.log" 2>&1 &
+    swin=$!
+    timeout 300 python3 benchmarks/estimate/cap_repeats.py tv_r3d_18 --repeats 3 \
+      --caps 2141192192,2214592512,2222645575 --out "$OUT/repeats_r3d.json" >> "$OUT/repeats.log" 2>&1
+    timeout 300 python3 benchmarks/estimate/cap_repeats.py frozen_timm_convnext_half --repeats 3 \
+      --caps 2105540608,2178940928,2193620992 --out "$OUT/repeats_convnext.json" >> "$OUT/repeats.log" 2>&1
+    wait $traces $swin
+    cat "$OUT/traces.log" "$OUT/repeats.log"
+    (cd "$OUT" && tar czf caps_traces.tar.gz traces && rm -rf traces)
     ;;
 esac

@@ -90,10 +90,11 @@ def traced_sums(name: str, gpu: str) -> dict[str, list[int]]:
 
     def watch_accumulate(self, name, args, kwargs, out):  # noqa: ANN001, ANN202
         taken = accumulate(self, name, args, kwargs, out)
-        if taken and self.step == 0:
+        pending.clear()
+        if taken and self.step == 0:  # the first step's backward (later steps are copies or the same sums)
             key = _key(tp.autograd_node_name(tp.current_autograd_node()), out.shape)
             rows[key][1] += 1
-            pending[:] = [key]
+            pending.append(key)
         return taken
 
     def watch_fold(self, key):  # noqa: ANN001, ANN202
