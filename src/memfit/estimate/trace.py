@@ -828,10 +828,11 @@ class _Recorder(tp.TorchDispatchMode):
         unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
         if unsure > self.trace.uncertain_bytes.get("conv_workspace_erratic", 0):
             where = self.module_stack[-1] if self.module_stack else "a convolution"
+            what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
+                    if groups > 1 else f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} "
+                    f"channels over {tuple(x.shape[2:])} in half precision")
             self.trace.uncertain["conv_workspace_erratic"] = (
-                f"{where}: the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
-                f"{tuple(x.shape[2:])} in half precision, where cuDNN's workspace was erratic: the bound adds "
-                f"{unsure / 2**20:.0f} MiB")
+                f"{where}: {what}, where cuDNN's workspace was erratic: the bound adds {unsure / 2**20:.0f} MiB")
             self.trace.uncertain_bytes["conv_workspace_erratic"] = unsure
         return ws.conv_workspace_bytes(x.shape, w.shape, y.shape, **call)
 
