@@ -23,6 +23,7 @@ SNAPSHOT = {"segments": [], "device_traces": [[
     {"action": "alloc", "addr": 4096, "size": 512, "frames": [{"filename": "/x/train.py", "line": 7, "name": "step"}]},
     {"action": "free_requested", "addr": 4096, "size": 512, "frames": []},
     {"action": "snapshot", "addr": 0, "size": 0},
+    {"action": "oom", "device_free": 1024, "size": 2048, "frames": []},  # no address: the device's free bytes
 ]]}
 STATS = {"allocated_bytes.all.peak": 512, "num_alloc_retries": 0}
 
@@ -31,7 +32,8 @@ def test_trace_and_snapshot_are_written_and_read_back(tmp_path: Path) -> None:
     _write_compact_trace(SNAPSHOT, str(tmp_path / "t.json.gz"), STATS)
     with gzip.open(tmp_path / "t.json.gz", "rt") as f:
         trace = json.load(f)
-    assert trace == {"events": [["alloc", 4096, 512, "train.py:7:step"], ["free_requested", 4096, 512, ""]],
+    assert trace == {"events": [["alloc", 4096, 512, "train.py:7:step"], ["free_requested", 4096, 512, ""],
+                                ["oom", 1024, 2048, ""]],
                      "stats": {"allocated_bytes.all.peak": 512}}
     _write_snapshot(SNAPSHOT, str(tmp_path / "s.pickle"))
     with open(tmp_path / "s.pickle", "rb") as f:

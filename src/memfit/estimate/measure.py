@@ -196,7 +196,9 @@ def _write_compact_trace(snap: dict, path: str, stats: dict) -> None:
         frames = entry.get("frames") or []
         where = next((f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in frames
                       if f["filename"].endswith(".py")), "")
-        events.append((entry["action"], entry["addr"], entry["size"], where))
+        # an out-of-memory entry carries the device's free bytes where others carry an address
+        # (torch/csrc/cuda/memory_snapshot.cpp): a capped run that ran out of memory, or retried, has one
+        events.append((entry["action"], entry.get("addr", entry.get("device_free", 0)), entry["size"], where))
     with atomic_open(path, what="the allocator trace") as raw, gzip.open(raw, "wt") as f:
         json.dump({"events": events, "stats": {k: v for k, v in stats.items() if k.endswith("peak")}}, f)
 
