@@ -42,7 +42,7 @@ benchmarks/results/estimate/ accuracy reports; fit data), plus allowance for seg
 BASE_SLACK_BYTES = 0
 """Every estimate, in bytes: the largest need left on the corpus's fit half after the margin and the widths, rounded
 up to 32 MiB: none (benchmarks/results/estimate/bound_fit_h200_torch2.11_20261127.json; fit data; the closest entry,
-a torchvision segmentation step c023, sits 13 MiB inside the 5 % margin). It was 64 MiB while the trace ran two
+a 2-D U-Net step c037, sits 13 MiB inside the 5 % margin). It was 64 MiB while the trace ran two
 micro-batches of a 2-D U-Net with four (c032: the allocator's blocks keep moving over the later micro-batches,
 memfit.estimate.trace.TRACED_MICRO_BATCHES)."""
 WIDTHS: dict[UncertaintyReason, float] = {
