@@ -212,7 +212,8 @@ def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
     import torch._prims_common as prims
 
     # renamed in torch 2.12 (``..._or_false``: False where a symbolic size cannot decide it)
-    check = getattr(prims, "is_non_overlapping_and_dense_or_false", None) or prims.is_non_overlapping_and_dense
+    check = (getattr(prims, "is_non_overlapping_and_dense_or_false", None)
+             or prims.is_non_overlapping_and_dense)  # type: ignore[attr-defined]  # torch <= 2.11 (the GPU machine)
     return bool(check(t))
 
 
