@@ -447,7 +447,7 @@ class _Recorder(tp.TorchDispatchMode):
                 self._born_in_node[key] == tp.autograd_node_key(node)):
             return False
         self.track(out, name)
-        if old._is_view() or not tp.is_non_overlapping_and_dense(old):
+        if tp.is_view(old) or not tp.is_non_overlapping_and_dense(old):
             # a view's base holds its storage too: a permute's or a reshape's gradient (Swin-UNETR's stage outputs,
             # a linear layer's weight gradient in fp32, which mm's backward hands over transposed)
             return True
