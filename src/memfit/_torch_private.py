@@ -206,11 +206,6 @@ def current_autograd_node() -> Any:
     return torch._C._current_autograd_node()
 
 
-def is_view(t: torch.Tensor) -> bool:
-    """``t`` is a view of another tensor, whose base (and so its storage) it keeps alive."""
-    return bool(t._is_view())
-
-
 def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
     """``t``'s elements fill its storage span without gaps or overlaps, in any order of dimensions (what the
     autograd engine asks before summing a gradient in place)."""
