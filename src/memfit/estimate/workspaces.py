@@ -230,9 +230,10 @@ GROUPED_FP16_UNSURE_FACTOR = 4
 """A grouped (depthwise) convolution's backward in fp16 takes no workspace at most sizes and one of up to 4 x its
 input's bytes at others, by no rule we found (so ``conv_workspace_bytes`` charges none, and the bound this): on the
 H200 grid (cudnn_calibration_h200_torch2.11_20261126.json, 36 depthwise calls) 144 channels 3 x 3 took 2.0-2.1 x
-the input at 48 x 48 and 192 x 192 and none at 96 x 96, bf16 and fp32 none at all; in a network, timm ConvNeXt-T's
-7 x 7 depthwise backward at 14 x 14, 384 channels, batch 64 took two blocks of 4.0 x the input one after the other
-(an H200 stream of the zoo's frozen_timm_convnext_half, zoo_traces_h200_torch2.11_20261127.tar.gz; zoo data)."""
+the input at 48 x 48 and at 192 x 192 with batch 6, none at 96 x 96 or at 192 x 192 with batch 24, bf16 and fp32 none
+at all; in a network, timm ConvNeXt-T's 7 x 7 depthwise backward at 14 x 14, 384 channels, batch 64 took two blocks
+of 4.0 x the input one after the other (an H200 stream of the zoo's frozen_timm_convnext_half,
+zoo_traces_caps_h200_torch2.11_20261127.tar.gz; zoo data)."""
 
 
 # 2-D 1x1 convolutions in half precision, measured on 776 shapes (14 layer shapes of real networks: bottleneck,
