@@ -857,67 +857,47 @@ def _junction_workload(precision: str) -> Workload:
     )
 
 
-def _engine_sums(device: str, precision: str) -> list[tuple[str, str]]:
-    """(node, add or add_) of each sum the autograd engine made in a real backward (its profile)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    w = _junction_workload(precision)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = w.model()
-        batch = w.make_batch(w.batch_size)
-    with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
-        loss = w.loss(model(*batch), batch)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        loss.backward()
-    prefix = "autograd::engine::evaluate_function: "
-    return sorted((e.cpu_parent.name[len(prefix):], e.name.removeprefix("aten::")) for e in prof.events()
-                  if e.name in ("aten::add", "aten::add_") and e.cpu_parent is not None
-                  and e.cpu_parent.name.startswith(prefix))
+def _sums_by_node(rows: dict[str, list[int]]) -> dict[str, tuple[int, int]]:
+    """(in place, out of place) per autograd node, from ``sum_in_place``'s rows ("NODE [shape]" -> counts)."""
+    found: dict[str, list[int]] = {}
+    for key, (in_place, out_of_place) in rows.items():
+        counts = found.setdefault(key.split(" ")[0], [0, 0])
+        counts[0] += in_place
+        counts[1] += out_of_place
+    return {node: (a, b) for node, (a, b) in found.items() if a or b}
 
 
-def _traced_sums(monkeypatch, precision: str) -> list[tuple[str, str]]:  # noqa: ANN001
-    """(node, add or add_) of each gradient sum the trace saw: ``add_`` where it folded the sum into its first
-    term's block, as the engine's in-place sum."""
-    from memfit import _torch_private as tp
-    from memfit.estimate import trace as tr
+def _sum_in_place():  # noqa: ANN202
+    """benchmarks/estimate/sum_in_place.py: a real step's profiled sums, and the trace's, in the same rows."""
+    import sys
+    from pathlib import Path
 
-    seen: list[list[str]] = []
-    accumulate, fold = tr._Recorder._accumulate_in_place, tr._Recorder._fold_sum
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "estimate"))
+    import sum_in_place
 
-    def watch_accumulate(self, name, args, kwargs, out):  # noqa: ANN001, ANN202
-        taken = accumulate(self, name, args, kwargs, out)
-        if taken and self.step == 0:
-            seen.append([tp.autograd_node_name(tp.current_autograd_node()), "add"])
-        return taken
-
-    def watch_fold(self, key):  # noqa: ANN001, ANN202
-        folded = fold(self, key)
-        if folded and self.step == 0:
-            seen[-1][1] = "add_"
-        return folded
-
-    monkeypatch.setattr(tr._Recorder, "_accumulate_in_place", watch_accumulate)
-    monkeypatch.setattr(tr._Recorder, "_fold_sum", watch_fold)
-    trace_workload(_junction_workload(precision), GPU, steps=1)
-    return sorted(tuple(s) for s in seen)  # type: ignore[misc]
+    return sum_in_place
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_gradient_sums_are_folded_where_the_engine_sums_in_place(monkeypatch, precision):  # noqa: ANN001
+def test_gradient_sums_are_folded_where_the_engine_sums_in_place(precision):  # noqa: ANN001
     # the reference: a real CPU backward's profile (InputBuffer::accumulate is the same code on every device)
-    real = _engine_sums("cpu", precision)
+    sums = _sum_in_place()
+    real = sums.real_sums(_junction_workload(precision), "cpu")
     if precision == "fp32":  # the residual sums in place, the permuted branch's and the tied weight's not: views
-        assert real == [("EmbeddingBackward0", "add"), ("TransposeBackward0", "add")] + [("ViewBackward0", "add_")] * 3
+        assert _sums_by_node(real) == {"EmbeddingBackward0": (0, 1), "TransposeBackward0": (0, 1),
+                                       "ViewBackward0": (3, 0)}
     else:  # under autocast every gradient comes out of a cast's backward as a new tensor: all in place
-        assert len(real) == 5 and {kind for _, kind in real} == {"add_"}
-    assert _traced_sums(monkeypatch, precision) == real
+        assert sum(a for a, _ in _sums_by_node(real).values()) == 5
+        assert sum(b for _, b in _sums_by_node(real).values()) == 0
+    assert sums.traced_sums(_junction_workload(precision), "h100") == real
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_cuda_sums_gradients_where_the_trace_folds_them(monkeypatch, precision):  # noqa: ANN001
-    assert _traced_sums(monkeypatch, precision) == _engine_sums("cuda", precision)
+def test_cuda_sums_gradients_where_the_trace_folds_them(precision):  # noqa: ANN001
+    sums = _sum_in_place()
+    assert sums.traced_sums(_junction_workload(precision), "h100") == \
+        sums.real_sums(_junction_workload(precision), "cuda")
 
 
 class _Stack(torch.nn.Module):

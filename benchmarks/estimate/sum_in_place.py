@@ -47,13 +47,13 @@ def _key(node: str, shape: object) -> str:
     return f"{node} {list(shape)}"
 
 
-def real_sums(name: str, device: str) -> dict[str, list[int]]:
+def real_sums(workload, device: str) -> dict[str, list[int]]:  # noqa: ANN001
+    """The sums a real step's backward made on ``device`` (the profile's rows)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from memfit.workload.protocol import build, run_steps
 
-    workload = load(name)
     model, optimizer, batch = build(workload, device)
     scaler = torch.amp.GradScaler(device) if workload.precision == "fp16" else None
     prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
@@ -79,7 +79,8 @@ def real_sums(name: str, device: str) -> dict[str, list[int]]:
     return dict(rows)
 
 
-def traced_sums(name: str, gpu: str) -> dict[str, list[int]]:
+def traced_sums(workload, gpu: str) -> dict[str, list[int]]:  # noqa: ANN001
+    """The sums memfit's trace of ``workload`` saw in its first backward, and which it folded (the same rows)."""
     from memfit import _torch_private as tp
     from memfit.estimate import trace as tr
     from memfit.estimate.gpus import gpu_spec
@@ -107,7 +108,7 @@ def traced_sums(name: str, gpu: str) -> dict[str, list[int]]:
 
     tr._Recorder._accumulate_in_place, tr._Recorder._fold_sum = watch_accumulate, watch_fold
     try:
-        tr.trace_workload(load(name).replace(accumulation_steps=1), gpu_spec(gpu))
+        tr.trace_workload(workload.replace(accumulation_steps=1), gpu_spec(gpu))
     finally:
         tr._Recorder._accumulate_in_place, tr._Recorder._fold_sum = accumulate, fold
     return dict(rows)
@@ -145,7 +146,8 @@ def main() -> None:
     found: dict[str, object] = {}
     for name in args.names:
         try:
-            found[name] = traced_sums(name, args.gpu) if args.device == "trace" else real_sums(name, args.device)
+            workload = load(name)
+            found[name] = traced_sums(workload, args.gpu) if args.device == "trace" else real_sums(workload, args.device)
         except Exception as exc:  # noqa: BLE001 - one entry's failure is a row, not the end of the run
             found[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         print(name, "done", flush=True)
