@@ -7,13 +7,17 @@
 #   bash benchmarks/estimate/device_zoo.sh NAME,NAME,...   # later calls: the bisection of the entries left
 #                                                          # (ZOO_BUDGET_S seconds, default 490; it goes on from
 #                                                          # the committed folder's partial entries)
+#   ZOO_COVERAGE=PATH ZOO_KIND=zoo_holdout_measurements bash benchmarks/estimate/device_zoo.sh NAME,...
+#                                                          # another trace_coverage.py result (a fresh draw's);
+#                                                          # ZOO_DONE=FOLDER resumes from an earlier call's
 set -u
 . benchmarks/estimate/_site.sh
-COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261127.json
+COVERAGE=${ZOO_COVERAGE:-benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261127.json}
 DEST="$OUT/$(python3 -c "
 import sys, torch; sys.path.insert(0, 'benchmarks'); from _results import card, stem
-print(stem('zoo_measurements', card(torch.cuda.get_device_name(0)), torch.__version__))")"
+print(stem('${ZOO_KIND:-zoo_measurements}', card(torch.cuda.get_device_name(0)), torch.__version__))")"
 COMMON=(--zoo "$COVERAGE" --out "$DEST" --concurrency 12 --reserve-gib 6)
+if [ -n "${ZOO_DONE:-}" ]; then COMMON+=(--done "$ZOO_DONE"); fi  # an earlier call's folder, committed
 if [ $# -ge 1 ]; then  # $1: the entries left, comma-separated
   BUDGET=${ZOO_BUDGET_S:-490}
   timeout $((BUDGET + 30)) python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --ids "$1" --budget-s "$BUDGET" \
