@@ -1,6 +1,7 @@
 """Value-dependent sizes (memfit.estimate.data_dependent): proven, decided by the batch's values, or taken from one
 real forward; each a small CPU step whose sizes can be worked out by hand."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -237,3 +238,54 @@ def test_a_real_forward_whose_loss_needs_autograd_runs_with_it():
                  loss=_penalised_positive_outputs, optimizer=_sgd, batch_size=32)
     forward = trace_module._real_forward(w, GPU)
     assert [r.name for r in forward.returned] == ["index"]
+
+
+def _scatter_positive_loss(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:
+    # torchvision's box IoU loss: `inter[mask] = ...` with a mask from the predictions; backward takes grad[mask]
+    kept = torch.zeros_like(out)
+    mask = out > 0
+    kept[mask] = out[mask] * 2
+    return kept.square().mean()
+
+
+def test_a_mask_sized_in_forward_sizes_its_index_in_backward():
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
+                 loss=_scatter_positive_loss, optimizer=_sgd, batch_size=256)
+    trace = trace_workload(w, GPU)
+    # one real forward was enough: backward's grad[mask] took the count the forward's out[mask] had
+    assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
+    forward = {a.shape for a in trace.allocs if a.op == "index" and a.phase == "loss"}
+    backward = {a.shape for a in trace.allocs if a.op == "index" and a.phase == "backward"}
+    assert len(forward) == 1 and forward == backward
+    assert 0.3 * 256 * 64 < next(iter(forward))[0] < 0.7 * 256 * 64  # about half the outputs are positive
+
+
+def _numpy_picked_loss(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:
+    # a matcher in NumPy (DETR's Hungarian matching hands its costs to SciPy): the rows it picks index the output
+    picked = np.flatnonzero(out.detach().cpu().numpy()[:, 0] > 0)
+    return out[torch.as_tensor(picked, device=out.device)].square().mean()
+
+
+def test_numpy_in_the_loss_gets_the_values_of_one_real_forward():
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
+                 loss=_numpy_picked_loss, optimizer=_sgd, batch_size=512)
+    trace = trace_workload(w, GPU)
+    assert ".numpy()" in trace.uncertain["data_dependent_shape"]
+    rows = {a.shape[0] for a in trace.allocs if a.op == "index" and a.phase == "loss"}
+    assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512
+
+
+def test_numpy_of_the_labels_is_computed_from_the_batch_without_a_real_forward(monkeypatch):  # noqa: ANN001
+    monkeypatch.setattr(trace_module, "_real_forward", _no_real_forward)
+
+    def loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        present = np.unique(batch[1].cpu().numpy())  # the classes this batch has
+        return out[:, torch.as_tensor(present, device=out.device)].square().mean()
+
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), optimizer=_sgd, batch_size=32, loss=loss,
+                 batch=lambda n: (torch.randn(n, 64), torch.randint(0, 40, (n,))))
+    trace = trace_workload(w, GPU)
+    torch.manual_seed(trace_module._BATCH_SEED)
+    classes = len(np.unique(w.make_batch(32)[1].numpy()))
+    assert classes < 40
+    assert {a.shape for a in trace.allocs if a.op == "index" and a.phase == "loss"} == {(32, classes)}

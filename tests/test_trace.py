@@ -634,6 +634,40 @@ def test_a_condition_on_a_random_draw_is_taken_as_skipping_nothing():
     assert taken == "wide"  # a draw mixed with the model's values is still a draw
 
 
+def test_a_condition_on_dropped_out_activations_is_on_the_models_values():
+    # dropout scales its input: DETR's matcher checks `(boxes[:, 2:] >= boxes[:, :2]).all()` of predictions that
+    # went through dropout. The real forward decides it, not the rule for draws (False would raise there)
+    taken, uncertain = _branch_taken(lambda x, h: torch.nn.functional.dropout(h, 0.1).abs().mean() > 0)
+    assert taken == "wide" and "random draw" not in uncertain["value_branch"]
+
+
+class _MultiScale(torch.nn.Module):
+    """Resizes each batch to a scale drawn in forward, as torchvision's detection transform does in training, then
+    keeps the pixels its own values pick (a size only a real forward knows)."""
+
+    SCALES = (32, 64, 128)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        side = self.SCALES[int(torch.empty(1).uniform_(0.0, float(len(self.SCALES))).item())]
+        h = self.conv(torch.nn.functional.interpolate(x, size=(side, side)))
+        return h.flatten(1)[h.flatten(1)[:, :1].squeeze(1) > 0]
+
+
+def test_a_number_drawn_in_forward_is_taken_at_its_largest_by_the_real_forward_and_the_trace():
+    w = Workload(model=_MultiScale, batch=lambda n: (torch.randn(n, 3, 32, 32),), batch_size=16,
+                 loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    trace = trace_workload(w, GPU)
+    sides = {a.shape[-1] for a in trace.allocs if a.op == "convolution" and a.phase == "forward"}
+    assert sides == {128}
+    assert "largest" in trace.uncertain["value_read"]
+    # the real forward read the same scale: its sizes lined up, so not every step ran for real
+    assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
+
+
 def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
     # timm's RegNet computes its stage widths with torch.unique in __init__: fake tensors have no values, so the
     # model is built for real and traced with fake copies of its parameters

@@ -112,6 +112,54 @@ class IndexBounds:
         return torch.empty(minlength, dtype=torch.int64, device=x.device)
 
 
+class MaskCounts:
+    """How many elements boolean masks selected, learned where a value-dependent op they fed was sized.
+
+    ``x[mask] = v`` (``index_put_``) saves ``mask`` for backward, which takes ``grad[mask]``: an ``index`` whose
+    size the same mask decides, but in backward, where no real forward ran (torchvision's FCOS box loss,
+    ``_loss_inter_union``). The count learned from the forward's op (sized by the batch's values or the real
+    forward) sizes it: ``x[mask]`` has as many rows as ``mask`` has True, whatever ``x`` holds (the definition of
+    boolean indexing). A mask is known by its storage, offset, shape and strides, which autograd's saved copy
+    shares.
+    """
+
+    def __init__(self) -> None:
+        self._counts: Any = tp.WeakIdKeyDictionary()  # storage -> {(offset, shape, strides): count}
+
+    @staticmethod
+    def _mask(name: str, args: Any) -> tuple[int, torch.Tensor] | None:
+        """(the dimension it indexes from, the mask) of ``x[..., mask]``: one boolean index, others slices."""
+        if name not in ("index", "index_put", "index_put_", "_index_put_impl_") or len(args) < 2:
+            return None
+        found = [(i, t) for i, t in enumerate(args[1]) if t is not None]
+        if len(found) != 1 or found[0][1].dtype not in (torch.bool, torch.uint8):
+            return None
+        return found[0]
+
+    @staticmethod
+    def _key(mask: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        return mask.storage_offset(), tuple(mask.shape), tuple(mask.stride())
+
+    def learn(self, name: str, args: Any, out: Any) -> None:
+        """Note the count of the mask of ``x[mask]`` (``index``) whose output ``out`` was sized."""
+        found = self._mask(name, args) if name == "index" and isinstance(out, torch.Tensor) else None
+        if found is not None:
+            dim, mask = found
+            self._counts.setdefault(mask.untyped_storage(), {})[self._key(mask)] = out.shape[dim]
+
+    def index(self, name: str, args: Any) -> torch.Tensor | None:
+        """The output of ``x[mask]`` (``index``) when the mask's count is known; runs under the fake mode."""
+        found = self._mask(name, args) if name == "index" else None
+        if found is None:
+            return None
+        dim, mask = found
+        count = self._counts.get(mask.untyped_storage(), {}).get(self._key(mask))
+        if count is None:
+            return None
+        x = args[0]
+        return x.new_empty((*x.shape[:dim], count, *x.shape[dim + mask.dim():]))
+
+
 # -- 2. sizes from known values -----------------------------------------------------------------------------------
 
 
@@ -193,6 +241,9 @@ class RealForward:
     (``bool()`` of a tensor) were, each in call order."""
 
     returned: list[_Returned] = field(default_factory=list)
+    host_copies: list[Any] = field(default_factory=list)
+    """What ``.numpy()`` gave in forward and loss, in call order: DETR's matcher hands its cost matrix to SciPy's
+    ``linear_sum_assignment``; the matches it returns index the predictions."""
     conditions: list[bool] = field(default_factory=list)
     """Kept apart from ``returned``: a module that reads floats once and caches them (torchvision's
     MultiScaleRoIAlign, its scales in the first forward) would shift every later op's index in the next step."""

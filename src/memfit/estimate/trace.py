@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from memfit import _torch_private as tp
 from memfit.errors import MemfitError, TraceError
@@ -35,6 +36,7 @@ from memfit.estimate.cuda_emulation import CudaSemantics
 from memfit.estimate.cudnn_rnn import flatten_weights
 from memfit.estimate.data_dependent import (
     IndexBounds,
+    MaskCounts,
     ProductStandIns,
     RealForward,
     ctc_loss_backward,
@@ -230,9 +232,38 @@ def _cuda_attention_grads(grads: Any, inputs: Any) -> Any:
 
 
 _RANDOM_OPS = frozenset(
-    "rand rand_like randn randn_like randint randint_like randperm bernoulli normal multinomial native_dropout "
+    "rand rand_like randn randn_like randint randint_like randperm bernoulli normal multinomial "
     "bernoulli_ normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_".split())
-"""Ops that draw from the random generator (as ``memfit._torch_private.op_short_name`` names them)."""
+"""Ops that draw from the random generator (as ``memfit._torch_private.op_short_name`` names them). Not dropout:
+its output is its input's values, scaled, so a condition on a dropped-out activation (DETR's matcher checks the
+predicted boxes) is a condition on the model's values, which the real forward decides."""
+
+
+def _largest_draw(name: str, args: Any, kwargs: dict[str, Any], out: Any) -> float | int | None:
+    """The largest value a one-element draw of ``name`` can take, or None for other draws.
+
+    A draw read as a number in forward usually picks a size: torchvision's detection transform resizes each
+    training batch to ``min_size[int(torch.empty(1).uniform_(0, len(min_size)).item())]`` (multi-scale training,
+    Keypoint R-CNN's default). The largest value picks the largest scale, the step's largest memory, and the real
+    forward and the trace then read the same number."""
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        return None
+    if name == "uniform_":  # (self, from=0, to=1): values in [from, to)
+        low = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
+        high = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
+    elif name in ("rand", "rand_like"):
+        low, high = 0.0, 1.0
+    elif name in ("randint", "randint_like"):  # (high, size) or (low, high, size): integers in [low, high)
+        ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+        if not ints:
+            return None
+        return (ints[1] if len(ints) > 1 else ints[0]) - 1
+    else:
+        return None
+    if out.is_floating_point():  # the largest value below `high` in the draw's own precision
+        return float(torch.nextafter(torch.tensor(float(high), dtype=out.dtype),
+                                     torch.tensor(float(low), dtype=out.dtype)))
+    return None
 
 
 def _reads(storages: Any, args: Any) -> bool:
@@ -260,6 +291,46 @@ class _ValuesNeededToTrace(Exception):
     """An op of the step sizes its output by values computed from data: (op, where in the user's code, whether
     the values come from the model's parameters, so that the batch's values cannot decide them, and the bytes of
     the model's parameters)."""
+
+
+HOST_COPY = "a copy to host memory (.numpy())"
+"""What ``_ValuesNeededToTrace`` names for ``.numpy()`` of a tensor whose values the trace does not have."""
+
+
+class _HostCopies(TorchFunctionMode):
+    """``.numpy()`` (and NumPy's ``np.asarray`` of a tensor) in forward and loss, which fake tensors refuse.
+
+    A step that hands values to NumPy or SciPy (DETR's Hungarian matching) gets them as the op-level values do:
+    computed, where they are known (from constants or the batch's values); else what the real forward's copy in
+    the same place in call order gave, if it had the same shape; else the step is traced again with them
+    (``_ValuesNeededToTrace``). The real forward keeps what each copy gave (``RealForward.host_copies``)."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        r = self.recorder
+        if func not in (torch.Tensor.numpy, torch.Tensor.__array__) or r.phase not in ("forward", "loss"):
+            return func(*args, **kwargs)
+        t = args[0]
+        index, r.host_copies = r.host_copies, r.host_copies + 1
+        if r.real:
+            out = func(*args, **kwargs)
+            if r.real_forward is not None:
+                r.real_forward.host_copies.append(out.copy())
+            return out
+        known = r.values.value(t)
+        if known is not None:
+            with tp.no_dispatch_modes():  # the real tensor's own values, not the fake mode's
+                return func(known, *args[1:], **kwargs)
+        recorded = r.real_forward.host_copies if r.real_forward is not None else []
+        if index < len(recorded) and tuple(recorded[index].shape) == tuple(t.shape):
+            r.trace.uncertain.setdefault("data_dependent_shape", f".numpy() at {user_frame()}: values from one "
+                                         "real CPU forward")
+            return recorded[index]
+        raise _ValuesNeededToTrace(HOST_COPY, user_frame(), r._reads_model([t]), r._param_bytes())
 
 
 class _ForwardRecorded(Exception):
@@ -332,6 +403,7 @@ class _Recorder(tp.TorchDispatchMode):
         self.values = values.KnownValues(values.BATCH_MAX_NUMEL if batch_values else values.MAX_NUMEL)
         """Real values of the small tensors computed from constants (memfit.estimate.values)."""
         self.bounds = IndexBounds()
+        self.mask_counts = MaskCounts()
         self.sparse = sparse.SparseValues(self.values.value)
         self.real_forward = real_forward
         """What the value-dependent ops of one real forward returned: kept there by a real trace, read by a fake one."""
@@ -339,12 +411,16 @@ class _Recorder(tp.TorchDispatchMode):
         """The real forward that sizes value-dependent ops does not compute its large products (see there)."""
         self._dynamic_calls = 0  # value-dependent ops so far in this forward and loss (RealForward's order)
         self._conditions = 0  # bool() reads so far in this forward and loss (RealForward.conditions' order)
+        self.host_copies = 0  # .numpy() calls so far in this forward and loss (RealForward.host_copies' order)
         self._from_model: Any = tp.WeakIdKeyDictionary()
         """Storages whose values the model's parameters or buffers went into (in forward and loss): a size decided
         by them needs the real forward, not the batch's values."""
         self._drawn: Any = tp.WeakIdKeyDictionary()
         """Storages whose values a random draw of forward or loss went into (``torch.rand([]) < layerdrop``): a
         condition on them takes another branch each step, so neither the batch nor one real forward decides it."""
+        self._draw_top: Any = tp.WeakIdKeyDictionary()
+        """One-element draws of forward and loss -> the largest value each can take, which a read as a number gets
+        (``_largest_draw``), in the real forward and in the trace alike."""
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
@@ -352,7 +428,7 @@ class _Recorder(tp.TorchDispatchMode):
     def set_phase(self, name: str, step: int) -> None:
         self.phase, self.step = name, step
         if name == "forward":
-            self._dynamic_calls = self._conditions = 0
+            self._dynamic_calls = self._conditions = self.host_copies = 0
         elif name == "data" and (self.batch_values or self.real):
             torch.manual_seed(_BATCH_SEED)
         if name != "backward":
@@ -583,6 +659,13 @@ class _Recorder(tp.TorchDispatchMode):
             # value (the optimizer's step counts, whose .item() the step reads) still go through it.
             self.costs.record(func, name, args, kwargs, None)
             return None
+        if name == "_local_scalar_dense" and args[0].dtype != torch.bool and self.phase in ("forward", "loss") \
+                and args[0].untyped_storage() in self._draw_top:
+            top = self._draw_top[args[0].untyped_storage()]
+            self.trace.uncertain.setdefault("value_read", f"a random draw read at {user_frame()} was taken at its "
+                                            f"largest ({top}): other draws may pick smaller sizes")
+            self.costs.record(func, name, args, kwargs, top)
+            return top
         if name == "_local_scalar_dense":
             known = self.values.scalar(args[0])
             if known is not None:  # a value computed from constants: the real one, no guess
@@ -602,6 +685,7 @@ class _Recorder(tp.TorchDispatchMode):
             if real is not None:  # its size depends on values that are known: a fake output of the real size
                 out = _fake_like(real)
                 self.values.keep(out, real)
+                self.mask_counts.learn(name, args, out)
                 for t in _output_tensors(out):
                     self.track(t, name)
                 return out
@@ -610,6 +694,7 @@ class _Recorder(tp.TorchDispatchMode):
             else:
                 out = self._sized_without_all_values(name, args, kwargs, call)
                 if out is not None:
+                    self.mask_counts.learn(name, args, out)
                     self.costs.record(func, name, args, kwargs, out)
                     for t in _output_tensors(out):
                         self.track(t, name)
@@ -667,6 +752,10 @@ class _Recorder(tp.TorchDispatchMode):
             if name in _RANDOM_OPS or _reads(self._drawn, args):
                 for t in _output_tensors(out):
                     self._drawn[t.untyped_storage()] = True
+        if self.phase in ("forward", "loss") and name in _RANDOM_OPS:
+            top = _largest_draw(name, args, kwargs, out)
+            if top is not None:
+                self._draw_top[out.untyped_storage()] = top
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
@@ -732,8 +821,8 @@ class _Recorder(tp.TorchDispatchMode):
             self._sized_by("the batch's values", name)
             return out
         found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
-        if found is None:
-            return None
+        if found is None:  # a mask sized in forward indexes again in backward (``x[mask] = v``)
+            return self.mask_counts.index(name, args)
         outs: list[Any] = [None if t is None else _fake_like(t) for t in found.outputs]
         for f, r in zip(outs, found.outputs):
             if f is not None and r is not None and r.device.type != "meta":
@@ -1117,7 +1206,7 @@ def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_ob
             _register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
             try:
-                with RealRunPaths():  # the libraries the model imported take a real run's path, not a tracer's
+                with RealRunPaths(), _HostCopies(recorder):  # the libraries take a real run's path; .numpy()
                     run_steps(
                         workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
                         phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
