@@ -138,7 +138,7 @@ class MaskCounts:
 
     @staticmethod
     def _key(mask: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        return mask.storage_offset(), tuple(mask.shape), tuple(mask.stride())
+        return int(mask.storage_offset()), tuple(mask.shape), tuple(mask.stride())
 
     def learn(self, name: str, args: Any, out: Any) -> None:
         """Note the count of the mask of ``x[mask]`` (``index``) whose output ``out`` was sized."""
