@@ -199,6 +199,29 @@ def test_a_boolean_index_backward_writes_into_its_zeros_as_cuda_does():
     assert logits_sized.count("new_zeros") == 1 and "index_put" not in logits_sized
 
 
+@pytest.mark.parametrize("key_heads", [4, 1])
+def test_keys_whose_heads_broadcast_take_the_math_path(key_heads: int) -> None:
+    # Falcon's multi-query attention hands SDPA one key head for all query heads, without enable_gqa: CUDA's fused
+    # kernels need equal heads, so the math path runs and keeps the B*H*L*L scores
+    b, h, seq, d = 2, 4, 512, 32
+
+    class MultiQuery(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(d * h, 3 * d * h)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k[:, :key_heads], v[:, :key_heads],
+                                                                    is_causal=True)
+
+    w = _attention_workload(b, h, seq, d, "bf16").replace(model=MultiQuery)
+    trace = trace_workload(w, GPU, steps=1)
+    scores_bytes = b * h * seq * seq * 2
+    materialised = any(a.nbytes >= scores_bytes for a in trace.allocs if a.category != "workspaces")
+    assert materialised == (key_heads != h)
+
+
 def test_attention_with_a_learned_bias_takes_the_memory_efficient_kernel():
     # T5's relative-position bias is a parameter passed as attn_mask: CUDA's memory-efficient kernel returns its
     # grad (the CPU flash kernel refuses to), saving the output and a log-sum-exp padded to 32 queries

@@ -295,6 +295,13 @@ def _cuda_sdpa(
         key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
     if query.dim() != 4 or not (query.dtype == key.dtype == value.dtype):
         return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if not query.shape[:2] == key.shape[:2] == value.shape[:2]:
+        # keys with fewer heads that broadcast (Falcon's multi-query attention passes one key head for 16 query
+        # heads, without enable_gqa): the fused kernels need equal batch and heads (sdp_utils.cpp,
+        # check_batch_size_and_num_heads_dense), the math path broadcasts them into B*H*L*L scores. Taken for
+        # flash, the zoo's fresh draw's Falcon was 26 % under its H100 peak
+        # (benchmarks/results/estimate/holdout_accuracy_h100_torch2.11_20261127.md)
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if gqa and not (half and attn_mask is None):
         # grouped keys: only flash (fp16/bf16, no mask) takes them; the memory-efficient kernel does not
         # (Hugging Face passes enable_gqa only without a mask, for this reason: its use_gqa_in_sdpa)
