@@ -129,7 +129,7 @@ class MaskCounts:
     @staticmethod
     def _mask(name: str, args: Any) -> tuple[int, torch.Tensor] | None:
         """(the dimension it indexes from, the mask) of ``x[..., mask]``: one boolean index, others slices."""
-        if name not in ("index", "index_put", "index_put_", "_index_put_impl_") or len(args) < 2:
+        if name != "index" or len(args) < 2:
             return None
         found = [(i, t) for i, t in enumerate(args[1]) if t is not None]
         if len(found) != 1 or found[0][1].dtype not in (torch.bool, torch.uint8):
@@ -142,14 +142,14 @@ class MaskCounts:
 
     def learn(self, name: str, args: Any, out: Any) -> None:
         """Note the count of the mask of ``x[mask]`` (``index``) whose output ``out`` was sized."""
-        found = self._mask(name, args) if name == "index" and isinstance(out, torch.Tensor) else None
+        found = self._mask(name, args) if isinstance(out, torch.Tensor) else None
         if found is not None:
             dim, mask = found
             self._counts.setdefault(mask.untyped_storage(), {})[self._key(mask)] = out.shape[dim]
 
     def index(self, name: str, args: Any) -> torch.Tensor | None:
         """The output of ``x[mask]`` (``index``) when the mask's count is known; runs under the fake mode."""
-        found = self._mask(name, args) if name == "index" else None
+        found = self._mask(name, args)
         if found is None:
             return None
         dim, mask = found
