@@ -42,9 +42,11 @@ def _from_logs(folders: list[Path]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _measured(folder: Path, logs: list[Path]) -> dict[str, dict[str, Any]]:
+def _measured(folders: list[Path], logs: list[Path]) -> dict[str, dict[str, Any]]:
+    """name -> measured peaks from the folders' per-entry JSONs (a later folder's win) or, failing those, logs."""
     found = _from_logs(logs)
-    for path in sorted(folder.glob("*.json")):
+    for path in [p for folder in folders for p in sorted(folder.glob("*.json"))]:
+        folder = path.parent
         if path.name.endswith(".partial.json"):
             continue
         rec = json.loads(path.read_text())
@@ -75,13 +77,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--predictions", required=True)
     parser.add_argument("--measurements", required=True)
+    parser.add_argument("--also", action="append", default=[],
+                        help="another folder of per-entry JSONs, read after --measurements (its entries win)")
     parser.add_argument("--logs", action="append", default=[])
     parser.add_argument("--out", required=True, help="path without suffix: .md and .json are written")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
 
     preds = json.loads(Path(args.predictions).read_text())
-    measured = _measured(Path(args.measurements), [Path(p) for p in args.logs])
+    measured = _measured([Path(args.measurements), *map(Path, args.also)], [Path(p) for p in args.logs])
     card = (Path(args.measurements) / "card.txt").read_text().split("\n")[0] \
         if (Path(args.measurements) / "card.txt").exists() else "?"
     rows = []
@@ -99,7 +103,7 @@ def main() -> None:
             "source": meas.get("source", "not measured"), "gpu_error": meas.get("error", ""),
         })
     summary = {
-        "card": card, "predictions": args.predictions, "measurements": args.measurements, "logs": args.logs,
+        "card": card, "predictions": args.predictions, "measurements": args.measurements, "also": args.also, "logs": args.logs,
         "entries": len(rows), "peak_allocated": _stats([r["peak_err"] for r in rows if r["peak_err"] is not None]),
         "fits_in": _stats([r["fits_in_err"] for r in rows if r["fits_in_err"] is not None]),
         "upper": {"holds": sum(1 for r in rows if r["upper_err"] is not None and r["upper_err"] >= 0),
@@ -125,6 +129,7 @@ def _markdown(s: dict[str, Any], rows: list[dict[str, Any]], title: str) -> str:
     p, f, u = s["peak_allocated"], s["fits_in"], s["upper"]
     out = [f"# {title or 'memfit estimate on the zoo'} ({s['card']})", "",
            f"Predictions: `{s['predictions']}`. Measurements: `{s['measurements']}`"
+           + "".join(f", then `{a}` (its entries win)" for a in s.get("also", []))
            + (f", and the printed lines of `{'`, `'.join(s['logs'])}` where an entry has no JSON" if s["logs"] else "")
            + ". Error = (predicted − measured) / measured.", "",
            "| metric | n | median abs | max abs | most negative | median signed |", "|---|---|---|---|---|---|"]
