@@ -596,3 +596,20 @@ def test_rnn_cells_on_real_tensors_compute_what_torch_computes(kind: str) -> Non
         got = cell(x, state)
     for a, b in zip(got if kind == "lstm" else (got,), expected if kind == "lstm" else (expected,), strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_cuda_cells_keep_what_the_trace_keeps(kind: str) -> None:
+    def alive_on_cuda(steps: int) -> int:
+        torch.manual_seed(0)
+        model, x = _CellLoop(kind, steps).cuda(), torch.randn(32, 64, device="cuda")
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        loss = model(x).square().mean()
+        alive = torch.cuda.memory_allocated() - before
+        del loss
+        return alive
+
+    alive_on_cuda(1)  # cuBLAS's workspace, once per process
+    assert alive_on_cuda(20) - alive_on_cuda(10) == _alive_at_backward(kind, 20) - _alive_at_backward(kind, 10)
