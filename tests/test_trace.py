@@ -350,6 +350,17 @@ _FUSED_KERNELS = ("ScaledDotProductFlashAttention", "ScaledDotProductCudnnAttent
 
 
 @pytest.mark.gpu
+def test_cuda_runs_the_math_path_on_keys_whose_heads_broadcast():
+    # what the trace assumes for Falcon's multi-query attention (cuda_emulation._cuda_sdpa): one key head for four
+    # query heads, without enable_gqa, is no fused kernel's input
+    q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 1, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not out.grad_fn.name().startswith((*_FUSED_KERNELS, "ScaledDotProductEfficientAttention")), \
+        out.grad_fn.name()
+
+
+@pytest.mark.gpu
 def test_cuda_runs_a_fused_kernel_on_grouped_keys_without_expanding_them():
     # what the trace's grouped-query attention assumes (cuda_emulation._GroupedFlash): a fused kernel (cuDNN's on an
     # H100 with torch 2.11, flash elsewhere), fed the key and value heads as they are
