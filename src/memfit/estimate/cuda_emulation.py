@@ -12,12 +12,13 @@ kernels keep different tensors alive:
 * **Attention.** CUDA's ``scaled_dot_product_attention`` runs a fused kernel (flash / memory-efficient) that
   saves the output and a log-sum-exp; CPU may pick the math path, which materialises B*H*L*L probabilities.
   Grouped keys (``enable_gqa``) go to the fused kernel unexpanded: forward keeps them as they are, backward
-  expands their gradients (``_GroupedFlash``).
+  expands their gradients (``_GroupedFlash``); keys whose heads only broadcast (multi-query without
+  ``enable_gqa``) take the math path, as on CUDA.
 * **Linear with a bias on a non-contiguous input.** CUDA adds the bias in place; a fake tensor, a tensor subclass,
   takes the composite's out-of-place add (one more output-sized block).
 * **RNNs.** CUDA runs ``nn.LSTM``/``GRU``/``RNN`` as one fused cuDNN call (``memfit.estimate.cudnn_rnn``); CPU runs
   them cell by cell. Their ``flatten_parameters`` moves the weights into one buffer on CUDA and does nothing on the
-  CPU.
+  CPU. ``nn.LSTMCell``/``GRUCell`` run as two matmuls and CUDA's fused cell kernel (``_FusedLSTMCell``).
 
 Everything is scoped by a ``with`` block and undone on exit. Checked against the real AutocastCUDA kernels on fake
 CUDA tensors (research/feasibility.md section 4: forward peaks agree within 0.2 MiB on 6 workloads).
