@@ -207,7 +207,8 @@ def main() -> None:
     parser.add_argument("--reclassify", help="an earlier result JSON: classify its failures again with the current "
                                              "rules and rewrite it (and its .md), running nothing")
     parser.add_argument("--update", help="an earlier result JSON: re-run the chosen entries, keep its other rows, "
-                                         "and rewrite it (and its .md) in place")
+                                         "and rewrite it (and its .md) in place; with --tag, write "
+                                         "<its stem>_<tag>.{json,md} beside it instead and leave it as it is")
     args = parser.parse_args()
 
     if args.reclassify:
@@ -253,7 +254,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / (result_stem("trace_coverage", "cpu", torch.__version__) + (f"_{args.tag}" if args.tag else ""))
     if args.update:
-        stem = Path(args.update.removesuffix(".json"))
+        stem = Path(args.update.removesuffix(".json") + (f"_{args.tag}" if args.tag else ""))
     # not Path.with_suffix: the torch version's dots would count as a suffix
     Path(f"{stem}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     Path(f"{stem}.md").write_text(markdown(summary, rows))
