@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import ce, hf_loss, images, lm_forward, sum_of_losses, tokens, volumes  # noqa: E402
+from recipes import ce, detection_batch, hf_loss, images, lm_forward, sum_of_losses, tokens, volumes  # noqa: E402
 
 from memfit import Workload  # noqa: E402
 
@@ -184,29 +184,12 @@ def _tv(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
     return build
 
 
-def _det_batch(keypoints: bool = False, size: int = 512, objects: int = 6) -> Callable[[int], Any]:
-    def make(n: int) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
-        imgs, targets = [], []
-        for _ in range(n):
-            xy = torch.rand(objects, 2) * (size / 2)
-            wh = torch.rand(objects, 2) * (size / 4) + 24
-            boxes = torch.cat([xy, xy + wh], dim=1)
-            target = {"boxes": boxes, "labels": torch.randint(1, 91 if not keypoints else 2, (objects,))}
-            if keypoints:
-                points = xy[:, None, :] + torch.rand(objects, 17, 2) * wh[:, None, :]
-                target["keypoints"] = torch.cat([points, torch.ones(objects, 17, 1)], dim=2)
-            imgs.append(torch.rand(3, size, size))
-            targets.append(target)
-        return imgs, targets
-
-    return make
-
-
 def _tv_det(name: str, model: str, keypoints: bool = False, **kwargs: Any) -> Workload:
     return Workload(
         name=name, description=f"torchvision {model}, 6 objects per 512x512 image", model=_tv(
             model, weights_backbone=None, **kwargs),
-        batch=_det_batch(keypoints), forward=lambda m, b: m(b[0], b[1]), loss=sum_of_losses,
+        batch=detection_batch(objects=6, min_side=24, classes=2 if keypoints else 91,
+                              keypoints=keypoints), forward=lambda m, b: m(b[0], b[1]), loss=sum_of_losses,
         optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, weight_decay=1e-4), batch_size=4,
         precision="fp32", tags=("torchvision", HOLDOUT, "cnn", "detection"),
     )

@@ -35,6 +35,29 @@ def tokens(vocab: int, seq: int) -> Batch:
     return lambda n: torch.randint(0, vocab, (n, seq))
 
 
+def detection_batch(size: int = 512, objects: int = 8, min_side: int = 16, classes: int = 91, masks: bool = False,
+                    keypoints: bool = False) -> Batch:
+    """``n -> (list of images, list of targets)`` as torchvision's detectors take them in training: boxes as
+    (x1, y1, x2, y2) with sides of at least ``min_side``, labels 1 .. classes - 1, and instance masks or 17 keypoints
+    (x, y, visible) inside each box when asked."""
+    def make(n: int) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+        imgs, targets = [], []
+        for _ in range(n):
+            xy = torch.rand(objects, 2) * (size / 2)
+            wh = torch.rand(objects, 2) * (size / 4) + min_side
+            target = {"boxes": torch.cat([xy, xy + wh], dim=1), "labels": torch.randint(1, classes, (objects,))}
+            if masks:
+                target["masks"] = torch.randint(0, 2, (objects, size, size), dtype=torch.uint8)
+            if keypoints:
+                points = xy[:, None, :] + torch.rand(objects, 17, 2) * wh[:, None, :]
+                target["keypoints"] = torch.cat([points, torch.ones(objects, 17, 1)], dim=2)
+            imgs.append(torch.rand(3, size, size))
+            targets.append(target)
+        return imgs, targets
+
+    return make
+
+
 def ce(out: Any, batch: Any) -> torch.Tensor:
     """Cross-entropy of the output against ``batch[1]`` (logits (N, C, ...) against int64 (N, ...))."""
     return F.cross_entropy(out, batch[1])

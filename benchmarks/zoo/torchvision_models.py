@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import ce, images, sum_of_losses  # noqa: E402
+from recipes import ce, detection_batch, images, sum_of_losses  # noqa: E402
 
 from memfit import Workload  # noqa: E402
 
@@ -81,27 +81,10 @@ tv_fcn_resnet50 = tv_deeplabv3_resnet50.replace(
 )
 
 
-def _detection_batch(masks: bool = False, size: int = 512, objects: int = 8) -> Callable[[int], Any]:
-    """``n -> (list of images, list of targets)``: boxes as (x1, y1, x2, y2) with x2 > x1, labels 1..90."""
-    def make(n: int) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
-        imgs, targets = [], []
-        for _ in range(n):
-            xy = torch.rand(objects, 2) * (size / 2)
-            wh = torch.rand(objects, 2) * (size / 4) + 16
-            target = {"boxes": torch.cat([xy, xy + wh], dim=1), "labels": torch.randint(1, 91, (objects,))}
-            if masks:
-                target["masks"] = torch.randint(0, 2, (objects, size, size), dtype=torch.uint8)
-            imgs.append(torch.rand(3, size, size))
-            targets.append(target)
-        return imgs, targets
-
-    return make
-
-
 def _det(name: str, model: str, masks: bool = False, **kwargs: Any) -> Workload:
     return Workload(
         name=name, description=f"torchvision {model}, 91 classes, 8 boxes per 512x512 image",
-        model=_tv(model, weights_backbone=None, num_classes=91, **kwargs), batch=_detection_batch(masks),
+        model=_tv(model, weights_backbone=None, num_classes=91, **kwargs), batch=detection_batch(masks=masks),
         forward=lambda m, b: m(b[0], b[1]), loss=sum_of_losses,
         optimizer=lambda p: torch.optim.SGD(p, lr=0.02, momentum=0.9, weight_decay=1e-4), batch_size=4,
         precision="fp32", tags=("torchvision", "cnn", "detection"),
