@@ -139,8 +139,10 @@ def test_softmax_backward_takes_a_product_and_its_contiguous_copy(permuted, bloc
     assert scratch == [2 * classes * size * size * 4] * blocks
 
 
-def _attention_workload(b: int, h: int, seq: int, d: int, precision: str, **sdpa: Any) -> Workload:
-    """One self-attention layer (a qkv projection, then scaled_dot_product_attention with ``sdpa``'s arguments)."""
+def _attention_workload(b: int, h: int, seq: int, d: int, precision: str, key_heads: int | None = None,
+                        **sdpa: Any) -> Workload:
+    """One self-attention layer (a qkv projection, then scaled_dot_product_attention with ``sdpa``'s arguments);
+    ``key_heads``: only the first heads of the keys and values, which then broadcast over the query's."""
 
     class Attn(torch.nn.Module):
         def __init__(self) -> None:
@@ -149,6 +151,8 @@ def _attention_workload(b: int, h: int, seq: int, d: int, precision: str, **sdpa
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
+            if key_heads is not None:
+                k, v = k[:, :key_heads], v[:, :key_heads]
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, **sdpa)
 
     return Workload(model=Attn, batch=lambda n: (torch.randn(n, seq, d * h),),
@@ -204,18 +208,7 @@ def test_keys_whose_heads_broadcast_take_the_math_path(key_heads: int) -> None:
     # Falcon's multi-query attention hands SDPA one key head for all query heads, without enable_gqa: CUDA's fused
     # kernels need equal heads, so the math path runs and keeps the B*H*L*L scores
     b, h, seq, d = 2, 4, 512, 32
-
-    class MultiQuery(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.qkv = torch.nn.Linear(d * h, 3 * d * h)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            q, k, v = self.qkv(x).view(b, seq, 3, h, d).permute(2, 0, 3, 1, 4)
-            return torch.nn.functional.scaled_dot_product_attention(q, k[:, :key_heads], v[:, :key_heads],
-                                                                    is_causal=True)
-
-    w = _attention_workload(b, h, seq, d, "bf16").replace(model=MultiQuery)
+    w = _attention_workload(b, h, seq, d, "bf16", key_heads=key_heads, is_causal=True)
     trace = trace_workload(w, GPU, steps=1)
     scores_bytes = b * h * seq * seq * 2
     materialised = any(a.nbytes >= scores_bytes for a in trace.allocs if a.category != "workspaces")
