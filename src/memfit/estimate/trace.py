@@ -659,14 +659,14 @@ class _Recorder(tp.TorchDispatchMode):
             # value (the optimizer's step counts, whose .item() the step reads) still go through it.
             self.costs.record(func, name, args, kwargs, None)
             return None
-        if name == "_local_scalar_dense" and args[0].dtype != torch.bool and self.phase in ("forward", "loss") \
-                and args[0].untyped_storage() in self._draw_top:
-            top = self._draw_top[args[0].untyped_storage()]
-            self.trace.uncertain.setdefault("value_read", f"a random draw read at {user_frame()} was taken at its "
-                                            f"largest ({top}): other draws may pick smaller sizes")
-            self.costs.record(func, name, args, kwargs, top)
-            return top
         if name == "_local_scalar_dense":
+            top = (self._draw_top.get(args[0].untyped_storage())
+                   if args[0].dtype != torch.bool and self.phase in ("forward", "loss") else None)
+            if top is not None:  # a draw read as a number: its largest, in the real forward and the trace alike
+                self.trace.uncertain.setdefault("value_read", f"a random draw read at {user_frame()} was taken at "
+                                                f"its largest ({top}): other draws may pick smaller sizes")
+                self.costs.record(func, name, args, kwargs, top)
+                return top
             known = self.values.scalar(args[0])
             if known is not None:  # a value computed from constants: the real one, no guess
                 if self.real and condition is not None and self.real_forward is not None:
