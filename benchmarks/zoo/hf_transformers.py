@@ -17,23 +17,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import hf_loss, lm_forward, tokens  # noqa: E402
+from recipes import hf_model as _hf
 
 from memfit import Workload  # noqa: E402
 
 LIBRARY = "transformers"
-
-
-def _hf(model_class: str, config_class: str, checkpointing: bool = False,
-        **config: Any) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import transformers
-
-        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
-        if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return model
-
-    return build
 
 
 def _adamw(lr: float = 3e-4) -> Callable[[Any], torch.optim.Optimizer]:

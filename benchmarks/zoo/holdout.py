@@ -25,6 +25,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import ce, detection_batch, hf_loss, images, lm_forward, sum_of_losses, tokens, volumes  # noqa: E402
+from recipes import hf_model as _hf
+from recipes import monai_net as _monai
+from recipes import smp_model as _smp
+from recipes import timm_model as _timm
+from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
 
@@ -41,15 +46,6 @@ def _sgd(p: Any) -> torch.optim.Optimizer:
 
 
 # --- timm ---------------------------------------------------------------------------------------------------------
-
-def _timm(model: str) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import timm
-
-        return timm.create_model(model, pretrained=False)
-
-    return build
-
 
 def _timm_entry(name: str, model: str, batch_size: int, precision: str, optimizer: Callable[[Any], Any],
                 kind: str) -> Workload:
@@ -75,15 +71,6 @@ ho_timm_beit_base = _timm_entry("ho_timm_beit_base", "beit_base_patch16_224", 32
 
 
 # --- transformers -------------------------------------------------------------------------------------------------
-
-def _hf(model_class: str, config_class: str, **config: Any) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import transformers
-
-        return getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
-
-    return build
-
 
 def _lm(name: str, model: Callable[[], torch.nn.Module], vocab: int, seq: int, batch_size: int, precision: str,
         what: str) -> Workload:
@@ -175,15 +162,6 @@ ho_hf_detr = Workload(
 
 # --- torchvision --------------------------------------------------------------------------------------------------
 
-def _tv(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import torchvision
-
-        return torchvision.models.get_model(name, weights=None, **kwargs)
-
-    return build
-
-
 def _tv_det(name: str, model: str, keypoints: bool = False, **kwargs: Any) -> Workload:
     return Workload(
         name=name, description=f"torchvision {model}, 6 objects per 512x512 image", model=_tv(
@@ -259,15 +237,6 @@ ho_tv_maxvit_t = Workload(
 
 # --- MONAI --------------------------------------------------------------------------------------------------------
 
-def _monai(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        from monai.networks import nets
-
-        return getattr(nets, name)(**kwargs)
-
-    return build
-
-
 def _monai_loss(name: str, deep_supervision: bool = False, **kwargs: Any) -> Callable[[Any, Any], torch.Tensor]:
     """A MONAI loss; with ``deep_supervision`` the output is a list of heads, each weighed half the one before and
     compared with the labels resized to it (nearest), as nnU-Net and MONAI's tutorials do."""
@@ -338,15 +307,6 @@ ho_monai_highresnet = Workload(
 
 
 # --- segmentation_models_pytorch ----------------------------------------------------------------------------------
-
-def _smp(arch: str, encoder: str, classes: int) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import segmentation_models_pytorch as smp
-
-        return getattr(smp, arch)(encoder, encoder_weights=None, in_channels=3, classes=classes)
-
-    return build
-
 
 def _smp_entry(name: str, arch: str, encoder: str, classes: int, batch_size: int, precision: str) -> Workload:
     return Workload(

@@ -13,19 +13,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import ce, volumes  # noqa: E402
+from recipes import monai_net as _net
 
 from memfit import Workload  # noqa: E402
 
 LIBRARY = "monai"
-
-
-def _net(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        from monai.networks import nets
-
-        return getattr(nets, name)(**kwargs)
-
-    return build
 
 
 def _monai_loss(name: str, **kwargs: Any) -> Callable[[Any, Any], torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Batches and losses that several zoo families share.
+"""Model builders, batches and losses that several zoo families share.
 
 Every factory here returns plain CPU-free code: tensors are made without a device, so memfit places them on the
 device it simulates (fake tensors) or measures (the GPU). Sizes are arguments, so each zoo entry states its own.
@@ -33,6 +33,61 @@ def volumes(size: tuple[int, ...], classes: int, channels: int = 1, label_channe
 def tokens(vocab: int, seq: int) -> Batch:
     """``n -> int64 token ids (n, seq)``; the ids double as labels for a causal LM (HF shifts them)."""
     return lambda n: torch.randint(0, vocab, (n, seq))
+
+
+def timm_model(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
+    """A timm model with random weights (``pretrained=False``)."""
+    def build() -> torch.nn.Module:
+        import timm
+
+        return timm.create_model(name, pretrained=False, **kwargs)
+
+    return build
+
+
+def hf_model(model_class: str, config_class: str, checkpointing: bool = False,
+             **config: Any) -> Callable[[], torch.nn.Module]:
+    """A Hugging Face model built from its config (random weights); ``checkpointing``: non-reentrant gradient
+    checkpointing of every layer, as ``gradient_checkpointing_enable`` does it."""
+    def build() -> torch.nn.Module:
+        import transformers
+
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+
+    return build
+
+
+def tv_model(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
+    """A torchvision model without weights."""
+    def build() -> torch.nn.Module:
+        import torchvision
+
+        return torchvision.models.get_model(name, weights=None, **kwargs)
+
+    return build
+
+
+def monai_net(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
+    """A network of ``monai.networks.nets``."""
+    def build() -> torch.nn.Module:
+        from monai.networks import nets
+
+        return getattr(nets, name)(**kwargs)
+
+    return build
+
+
+def smp_model(arch: str, encoder: str, classes: int) -> Callable[[], torch.nn.Module]:
+    """A segmentation_models_pytorch model on 3-channel images, its encoder without weights."""
+    def build() -> torch.nn.Module:
+        import segmentation_models_pytorch as smp
+
+        return getattr(smp, arch)(encoder, encoder_weights=None, in_channels=3, classes=classes)
+
+    return build
 
 
 def detection_batch(size: int = 512, objects: int = 8, min_side: int = 16, classes: int = 91, masks: bool = False,

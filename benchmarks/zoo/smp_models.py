@@ -13,19 +13,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import ce, volumes  # noqa: E402
+from recipes import smp_model as _smp
 
 from memfit import Workload  # noqa: E402
 
 LIBRARY = "segmentation_models_pytorch"
-
-
-def _smp(arch: str, encoder: str, classes: int) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import segmentation_models_pytorch as smp
-
-        return getattr(smp, arch)(encoder, encoder_weights=None, in_channels=3, classes=classes)
-
-    return build
 
 
 def _dice(out: torch.Tensor, batch: Any) -> torch.Tensor:

@@ -14,19 +14,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import ce, images  # noqa: E402
+from recipes import timm_model as _timm
 
 from memfit import Workload  # noqa: E402
 
 LIBRARY = "timm"
-
-
-def _timm(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import timm
-
-        return timm.create_model(name, pretrained=False, **kwargs)
-
-    return build
 
 
 def _sgd(p: Any) -> torch.optim.Optimizer:

@@ -16,19 +16,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import ce, detection_batch, images, sum_of_losses  # noqa: E402
+from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
 
 LIBRARY = "torchvision"
-
-
-def _tv(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
-    def build() -> torch.nn.Module:
-        import torchvision
-
-        return torchvision.models.get_model(name, weights=None, **kwargs)
-
-    return build
 
 
 def _sgd(p: Any) -> torch.optim.Optimizer:
