@@ -26,6 +26,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import ce, detection_batch, hf_loss, images, lm_forward, sum_of_losses, tokens, volumes  # noqa: E402
 from recipes import hf_model as _hf
+from recipes import monai_loss as _monai_loss
 from recipes import monai_net as _monai
 from recipes import smp_model as _smp
 from recipes import timm_model as _timm
@@ -236,29 +237,6 @@ ho_tv_maxvit_t = Workload(
 
 
 # --- MONAI --------------------------------------------------------------------------------------------------------
-
-def _monai_loss(name: str, deep_supervision: bool = False, **kwargs: Any) -> Callable[[Any, Any], torch.Tensor]:
-    """A MONAI loss; with ``deep_supervision`` the output is a list of heads, each weighed half the one before and
-    compared with the labels resized to it (nearest), as nnU-Net and MONAI's tutorials do."""
-    built: list[Any] = []
-
-    def loss(out: Any, batch: Any) -> torch.Tensor:
-        if not built:
-            from monai import losses
-
-            built.append(getattr(losses, name)(**kwargs))
-        if not deep_supervision:
-            return built[0](out, batch[1])
-        total = out[0].new_zeros(())
-        for i, head in enumerate(out):
-            labels = batch[1]
-            if head.shape[2:] != labels.shape[2:]:
-                labels = F.interpolate(labels.float(), size=head.shape[2:], mode="nearest").long()
-            total = total + 0.5**i * built[0](head, labels)
-        return total
-
-    return loss
-
 
 def _monai_adamw(p: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(p, lr=1e-4, weight_decay=1e-5)

@@ -5,7 +5,6 @@ and ``softmax``), 3-D and 2-D. Includes issue 13's Swin-UNETR case (bf16, AdamW,
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,27 +12,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import ce, volumes  # noqa: E402
+from recipes import monai_loss as _monai_loss
 from recipes import monai_net as _net
 
 from memfit import Workload  # noqa: E402
 
 LIBRARY = "monai"
-
-
-def _monai_loss(name: str, **kwargs: Any) -> Callable[[Any, Any], torch.Tensor]:
-    """A MONAI loss built once per process (it holds no tensors), called as ``loss(logits, labels)``."""
-    built: list[Any] = []
-
-    def loss(out: Any, batch: Any) -> torch.Tensor:
-        if not built:
-            from monai import losses
-
-            built.append(getattr(losses, name)(**kwargs))
-        if isinstance(out, (list, tuple)):  # deep supervision (DynUNet in training returns a stacked tensor)
-            out = out[0]
-        return built[0](out, batch[1])
-
-    return loss
 
 
 def _adamw(p: Any) -> torch.optim.Optimizer:

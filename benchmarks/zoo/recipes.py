@@ -90,6 +90,32 @@ def smp_model(arch: str, encoder: str, classes: int) -> Callable[[], torch.nn.Mo
     return build
 
 
+def monai_loss(name: str, deep_supervision: bool = False, **kwargs: Any) -> Callable[[Any, Any], torch.Tensor]:
+    """A MONAI loss built once per process (it holds no tensors), called as ``loss(logits, labels)``. A list of
+    heads (deep supervision) is scored by its first head, or with ``deep_supervision`` by every head, each weighed
+    half the one before and compared with the labels resized to it (nearest), as nnU-Net and MONAI's tutorials do."""
+    built: list[Any] = []
+
+    def loss(out: Any, batch: Any) -> torch.Tensor:
+        if not built:
+            from monai import losses
+
+            built.append(getattr(losses, name)(**kwargs))
+        if not deep_supervision:
+            if isinstance(out, (list, tuple)):  # DynUNet in training returns its heads stacked
+                out = out[0]
+            return built[0](out, batch[1])
+        total = out[0].new_zeros(())
+        for i, head in enumerate(out):
+            labels = batch[1]
+            if head.shape[2:] != labels.shape[2:]:
+                labels = F.interpolate(labels.float(), size=head.shape[2:], mode="nearest").long()
+            total = total + 0.5**i * built[0](head, labels)
+        return total
+
+    return loss
+
+
 def detection_batch(size: int = 512, objects: int = 8, min_side: int = 16, classes: int = 91, masks: bool = False,
                     keypoints: bool = False) -> Batch:
     """``n -> (list of images, list of targets)`` as torchvision's detectors take them in training: boxes as
