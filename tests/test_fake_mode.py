@@ -124,3 +124,28 @@ def test_in_a_trace_a_layer_norm_model_is_traced_the_same(monkeypatch):  # noqa:
         return tr.ops, tr.keys, [(a.nbytes, a.op, a.module, a.phase, a.shape, a.dtype) for a in tr.allocs]
 
     assert events(StaticShapeFakeTensorMode) == events(FakeTensorMode)
+
+
+def test_the_dispatch_cache_tells_apart_inputs_that_differ_in_one_attribute():
+    # StaticShapeFakeTensorMode keys its dispatch cache on a tuple of its own: each pair runs one op on two inputs
+    # that differ in one attribute only (their storages of one size), the first filling the cache; a key blind to
+    # that attribute would hand the second the first's cached output (wrong strides, offset, dtype, conj, neg)
+    def outputs(x: torch.Tensor) -> list[tuple]:
+        pairs = [
+            (torch.empty(6, 8), torch.empty(8, 6).t(), lambda t: t.exp()),  # strides
+            (torch.empty(6, 8)[:5], torch.empty(6, 8)[1:], lambda t: aten.view(t, [40])),  # storage offset
+            (torch.empty(6, 8), torch.empty(12, 8, dtype=torch.float16)[:6], lambda t: t.exp()),  # dtype
+            (torch.empty(6, 8, dtype=torch.complex64), torch.empty(6, 8, dtype=torch.complex64).conj(),
+             lambda t: aten.view(t, [48])),  # conjugate bit
+            (torch.empty(6, 8), torch._neg_view(torch.empty(6, 8)), lambda t: aten.view(t, [48])),  # negative bit
+        ]
+        got = []
+        for first, second, op in pairs:
+            for t in (first, second):
+                out = op(t)
+                got.append((*_meta(out), out.is_conj(), out.is_neg()))
+        return got
+
+    ours = _run(StaticShapeFakeTensorMode, outputs)
+    assert ours == _run(FakeTensorMode, outputs)
+    assert ours == outputs(torch.empty(0))  # and eager's, on real tensors
