@@ -103,6 +103,9 @@ class SpeedParams:
     (benchmarks/plan/selective_fit.py -> benchmarks/results/plan/checkpoint_modes_h100_torch2.11_20261126_
     selective_fit.json). An effective cost: the H100 host's dispatch modes alone took 12-14 us per op
     (benchmarks/results/speed/checkpoint_dispatch_cost_h100_torch2.11_20261126.json), the rest is not yet located.
+    ResNet-50's shortfall is host time too: its kernels, profiled, are within 1.4 % of this model's GPU time in
+    selective mode, and its checkpointed steps host-bound on that H100's host
+    (benchmarks/results/plan/checkpoint_profile_h100_torch2.11_20261128.md).
     Was 17 us, measured on a 2-core CPU on a chain of small ops
     (benchmarks/results/speed/checkpoint_dispatch_cost_cpu_torch2.13_20261126.json)."""
     optimizer_dispatch_s: float = 8e-6
