@@ -1,0 +1,98 @@
+"""Checkpoint modes against the *calibrated* speed model: what ``plan`` ranks them by on a machine with the GPU.
+
+``plan`` calibrates on the GPU when the machine has the card it plans for (``memfit.speed.model_choice``): a few
+micro-batches of the step without checkpointing, timed, fit the host's and the GPU's constants. The constants of
+checkpointing's host work (``recompute_dispatch_s``, ``reentrant_recompute_dispatch_s``, ``selective_dispatch_s``)
+are not in those timings. This runs, per model of ``checkpoint_modes_device.py`` (GPT-2, ViT-B/16, ResNet-50, every
+block checkpointed), the calibration ``plan`` would run (micro-batches 1, 2, 4, 8), then times the four modes in
+interleaved rounds in one process, and writes the calibration and the times; the predictions are made afterwards
+on a CPU from the calibration (``--report``), so any change to how the calibrated model treats checkpointing is
+judged on timings taken before it.
+
+    python benchmarks/plan/checkpoint_calibrated.py --out $OUT                                     # GPU
+    PYTHONPATH=src python benchmarks/plan/checkpoint_calibrated.py --report FILE.json --out FILE.md  # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import checkpoint_modes_device as modes  # noqa: E402
+
+from _results import card, stem  # noqa: E402
+
+
+def measure(rounds: int, steps: int) -> dict[str, Any]:
+    import torch
+
+    from memfit.speed.model_choice import CALIBRATION_SIZES
+    from memfit.speed.step_time import calibrate
+
+    out: dict[str, Any] = {}
+    for name, micro in modes.MODELS.items():
+        sizes = tuple(m for m in CALIBRATION_SIZES if m <= micro)
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+            calibration = calibrate(modes.workload(name, "none", False), micro_batches=sizes)
+        torch.cuda.empty_cache()
+        out[name] = {"calibration": calibration.to_dict(),
+                     "step_ms": modes.measure_speed(name, False, rounds, steps)}
+        print(name, calibration.params.forward_dispatch_s, calibration.rms_log_error,
+              {m: round(v["median_ms"], 1) for m, v in out[name]["step_ms"].items()}, flush=True)
+    return out
+
+
+def report(path: Path) -> str:
+    """Predicted (calibrated) against measured step ms per model and mode, and the order of the modes."""
+    from memfit import estimate
+    from memfit.speed.step_time import Calibration, predict_step_time
+
+    data = json.loads(path.read_text())
+    lines = [f"# Checkpoint modes, calibrated speed model against measured ({data['device']}, torch {data['torch']})",
+             "", f"From `{path.name}`; predictions on this CPU from each model's calibration (`--report`).", "",
+             "| model | mode | measured ms | predicted ms | error |", "|---|---|---|---|---|"]
+    for name, row in data["rows"].items():
+        calibration = Calibration.from_dict(row["calibration"])
+        measured = {m: v["median_ms"] for m, v in row["step_ms"].items()}
+        predicted = {}
+        for mode in modes.MODES:
+            cost = estimate(modes.workload(name, mode, False), gpu=calibration.gpu).cost
+            predicted[mode] = predict_step_time(cost, calibration.gpu, calibration=calibration).step_time_s * 1e3
+            lines.append(f"| {name} | {mode} | {measured[mode]:.1f} | {predicted[mode]:.1f} | "
+                         f"{(predicted[mode] - measured[mode]) / measured[mode]:+.0%} |")
+        order = lambda d: " < ".join(sorted(d, key=d.get))  # noqa: E731
+        lines.append(f"| {name} | order | {order(measured)} | {order(predicted)} | "
+                     f"{'same' if order(measured) == order(predicted) else 'differs'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--report", type=Path, help="CPU: a GPU run's JSON to predict against")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    if args.report:
+        args.out.write_text(report(args.report))
+        print(args.out.read_text())
+        return
+    import torch
+
+    rows = measure(args.rounds, args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{stem('checkpoint_calibrated', card(torch.cuda.get_device_name(0)), torch.__version__)}.json"
+    path.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                "rounds": args.rounds, "steps": args.steps, "rows": rows}, indent=1))
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
