@@ -10,6 +10,7 @@ on a CPU from the calibration (``--report``), so any change to how the calibrate
 judged on timings taken before it.
 
     python benchmarks/plan/checkpoint_calibrated.py --out $OUT                                     # GPU
+    python benchmarks/plan/checkpoint_calibrated.py --sizes 1,2,4,8,16,32,64 --tag _wide --out $OUT  # GPU
     PYTHONPATH=src python benchmarks/plan/checkpoint_calibrated.py --report FILE.json --out FILE.md  # CPU
 """
 
@@ -30,7 +31,7 @@ import checkpoint_modes_device as modes  # noqa: E402
 from _results import card, stem  # noqa: E402
 
 
-def measure(rounds: int, steps: int) -> dict[str, Any]:
+def measure(rounds: int, steps: int, sizes: tuple[int, ...] | None) -> dict[str, Any]:
     import torch
 
     from memfit.speed.model_choice import CALIBRATION_SIZES
@@ -38,9 +39,9 @@ def measure(rounds: int, steps: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name, micro in modes.MODELS.items():
-        sizes = tuple(m for m in CALIBRATION_SIZES if m <= micro)
+        timed = tuple(m for m in (sizes or CALIBRATION_SIZES) if m <= micro)
         with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
-            calibration = calibrate(modes.workload(name, "none", False), micro_batches=sizes)
+            calibration = calibrate(modes.workload(name, "none", False), micro_batches=timed)
         torch.cuda.empty_cache()
         out[name] = {"calibration": calibration.to_dict(),
                      "step_ms": modes.measure_speed(name, False, rounds, steps)}
@@ -52,19 +53,24 @@ def measure(rounds: int, steps: int) -> dict[str, Any]:
 def report(path: Path) -> str:
     """Predicted (calibrated) against measured step ms per model and mode, and the order of the modes."""
     from memfit import estimate
+    from memfit.estimate.gpus import gpu_spec
     from memfit.speed.step_time import Calibration, predict_step_time
+
+    def detect_spec(device: str) -> Any:
+        return gpu_spec(card(device))
 
     data = json.loads(path.read_text())
     lines = [f"# Checkpoint modes, calibrated speed model against measured ({data['device']}, torch {data['torch']})",
              "", f"From `{path.name}`; predictions on this CPU from each model's calibration (`--report`).", "",
              "| model | mode | measured ms | predicted ms | error |", "|---|---|---|---|---|"]
+    spec = detect_spec(data["device"])
     for name, row in data["rows"].items():
         calibration = Calibration.from_dict(row["calibration"])
         measured = {m: v["median_ms"] for m, v in row["step_ms"].items()}
         predicted = {}
         for mode in modes.MODES:
-            cost = estimate(modes.workload(name, mode, False), gpu=calibration.gpu).cost
-            predicted[mode] = predict_step_time(cost, calibration.gpu, calibration=calibration).step_time_s * 1e3
+            cost = estimate(modes.workload(name, mode, False), gpu=spec).cost
+            predicted[mode] = predict_step_time(cost, spec, calibration=calibration).step_time_s * 1e3
             lines.append(f"| {name} | {mode} | {measured[mode]:.1f} | {predicted[mode]:.1f} | "
                          f"{(predicted[mode] - measured[mode]) / measured[mode]:+.0%} |")
         order = lambda d: " < ".join(sorted(d, key=d.get))  # noqa: E731
@@ -79,6 +85,8 @@ def main() -> None:
     ap.add_argument("--report", type=Path, help="CPU: a GPU run's JSON to predict against")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--sizes", help="micro-batches to calibrate on, comma-separated (default: plan's, 1,2,4,8)")
+    ap.add_argument("--tag", default="", help="appended to the result's name")
     args = ap.parse_args()
     if args.report:
         args.out.write_text(report(args.report))
@@ -86,9 +94,10 @@ def main() -> None:
         return
     import torch
 
-    rows = measure(args.rounds, args.steps)
+    rows = measure(args.rounds, args.steps, tuple(map(int, args.sizes.split(","))) if args.sizes else None)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{stem('checkpoint_calibrated', card(torch.cuda.get_device_name(0)), torch.__version__)}.json"
+    name = stem("checkpoint_calibrated", card(torch.cuda.get_device_name(0)), torch.__version__) + args.tag
+    path = args.out / f"{name}.json"
     path.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                 "rounds": args.rounds, "steps": args.steps, "rows": rows}, indent=1))
     print(path)
