@@ -87,9 +87,10 @@ def test_with_this_gpu_the_default_calibrates_and_ranks_with_it(fake_gpu: Any, f
     rng = torch.get_rng_state()
     p = _plan()
     assert p.speed_model == "calibrated" and "calibrated on this NVIDIA H100 80GB HBM3" in p.notes[0]
-    assert "micro-batches 1, 2, 4, 8 timed" in p.notes[0]
+    assert "micro-batches 1, 2, 4, 8, 64 timed" in p.notes[0]
     (call,) = fake_calibrate.calls
-    assert call["micro_batches"] == (1, 2, 4, 8) and call["gpu"].name == gpu_spec("h100").name
+    # the effective batch too: the largest micro-batch the plan can pick, where the GPU, not the host, is the limit
+    assert call["micro_batches"] == (1, 2, 4, 8, EFF) and call["gpu"].name == gpu_spec("h100").name
     assert call["workload"].keep_output is False  # the loop the plan runs (TrainStep) is the one timed
     # the calibration is what ranks: its constants (four times slower) give other step times than the roofline's
     roofline = _plan(calibration="roofline")
@@ -124,9 +125,10 @@ def test_a_calibration_that_fails_leaves_the_roofline_with_the_reason(fake_gpu: 
 
 
 def test_a_small_effective_batch_times_sizes_up_to_it(fake_gpu: Any, fake_calibrate: FakeCalibrate) -> None:
-    choose_speed_model(builtin_workload("mlp"), gpu_spec("h100"), effective_batch=4)
-    choose_speed_model(builtin_workload("mlp"), gpu_spec("h100"), effective_batch=1)
-    assert [c["micro_batches"] for c in fake_calibrate.calls] == [(1, 2, 4), (1, 2)]  # two sizes at least
+    for eff in (4, 1, 8, 9, 96):
+        choose_speed_model(builtin_workload("mlp"), gpu_spec("h100"), effective_batch=eff)
+    assert [c["micro_batches"] for c in fake_calibrate.calls] == [
+        (1, 2, 4), (1, 2), (1, 2, 4, 8), (1, 2, 4, 8, 9), (1, 2, 4, 8, 96)]  # two sizes at least
 
 
 def test_a_given_calibration_is_used_and_a_bad_value_is_one_line() -> None:

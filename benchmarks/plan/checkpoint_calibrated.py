@@ -50,8 +50,24 @@ def measure(rounds: int, steps: int, sizes: tuple[int, ...] | None) -> dict[str,
     return out
 
 
-def report(path: Path) -> str:
-    """Predicted (calibrated) against measured step ms per model and mode, and the order of the modes."""
+def refit(calibration: Any, spec: Any, name: str, sizes: tuple[int, ...]) -> Any:
+    """The calibration fitted again from ``calibration``'s own timings of ``sizes`` only (a subset of those timed):
+    what calibrating on fewer micro-batches would have given, judged on the same run's step times."""
+    from memfit.speed.step_time import CalibrationSample, _trace_cost, fit_calibration
+
+    samples = [CalibrationSample(cost=_trace_cost(modes.workload(name, "none", False).replace(batch_size=b), spec),
+                                 forward_s=f, backward_s=bw, optimizer_s=o)
+               for b, (f, bw, o) in zip(calibration.micro_batches, calibration.measured, strict=True) if b in sizes]
+    return fit_calibration(samples, spec, workload=name)
+
+
+def _order(times: dict[str, float]) -> str:
+    return " < ".join(sorted(times, key=times.__getitem__))
+
+
+def report(path: Path, subsets: list[tuple[int, ...]] | None = None) -> str:
+    """Predicted (calibrated) against measured step ms per model and mode, and the order of the modes; with
+    ``subsets``, a column per subset of the timed micro-batches, each a calibration fitted on those alone."""
     from memfit import estimate
     from memfit.estimate.gpus import gpu_spec
     from memfit.speed.step_time import Calibration, predict_step_time
@@ -60,22 +76,32 @@ def report(path: Path) -> str:
         return gpu_spec(card(device))
 
     data = json.loads(path.read_text())
+    subsets = subsets or []
+    heads = "".join(f" calibrated on {','.join(map(str, s))}: ms | error |" for s in subsets)
     lines = [f"# Checkpoint modes, calibrated speed model against measured ({data['device']}, torch {data['torch']})",
              "", f"From `{path.name}`; predictions on this CPU from each model's calibration (`--report`).", "",
-             "| model | mode | measured ms | predicted ms | error |", "|---|---|---|---|---|"]
+             f"| model | mode | measured ms | predicted ms | error |{heads}",
+             "|---|---|---|---|---|" + "---|---|" * len(subsets)]
     spec = detect_spec(data["device"])
     for name, row in data["rows"].items():
         calibration = Calibration.from_dict(row["calibration"])
         measured = {m: v["median_ms"] for m, v in row["step_ms"].items()}
-        predicted = {}
+        others = [refit(calibration, spec, name, s) for s in subsets]
+        predicted: dict[str, float] = {}
+        alternatives: list[dict[str, float]] = [{} for _ in subsets]
         for mode in modes.MODES:
             cost = estimate(modes.workload(name, mode, False), gpu=spec).cost
             predicted[mode] = predict_step_time(cost, spec, calibration=calibration).step_time_s * 1e3
+            cells = ""
+            for other, alt in zip(others, alternatives, strict=True):
+                alt[mode] = predict_step_time(cost, spec, calibration=other).step_time_s * 1e3
+                cells += f" {alt[mode]:.1f} | {(alt[mode] - measured[mode]) / measured[mode]:+.0%} |"
             lines.append(f"| {name} | {mode} | {measured[mode]:.1f} | {predicted[mode]:.1f} | "
-                         f"{(predicted[mode] - measured[mode]) / measured[mode]:+.0%} |")
-        order = lambda d: " < ".join(sorted(d, key=d.get))  # noqa: E731
-        lines.append(f"| {name} | order | {order(measured)} | {order(predicted)} | "
-                     f"{'same' if order(measured) == order(predicted) else 'differs'} |")
+                         f"{(predicted[mode] - measured[mode]) / measured[mode]:+.0%} |{cells}")
+        truth = _order(measured)
+        lines.append(f"| {name} | order | {truth} | {_order(predicted)} | "
+                     f"{'same' if _order(predicted) == truth else 'differs'} |"
+                     + "".join(f" {_order(a)} | {'same' if _order(a) == truth else 'differs'} |" for a in alternatives))
     return "\n".join(lines) + "\n"
 
 
@@ -83,13 +109,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--report", type=Path, help="CPU: a GPU run's JSON to predict against")
+    ap.add_argument("--subsets", nargs="*", default=[], help="with --report: micro-batch subsets to refit on (1,2,4,8)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--sizes", help="micro-batches to calibrate on, comma-separated (default: plan's, 1,2,4,8)")
     ap.add_argument("--tag", default="", help="appended to the result's name")
     args = ap.parse_args()
     if args.report:
-        args.out.write_text(report(args.report))
+        args.out.write_text(report(args.report, [tuple(map(int, x.split(","))) for x in args.subsets]))
         print(args.out.read_text())
         return
     import torch

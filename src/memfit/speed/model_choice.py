@@ -30,7 +30,22 @@ CalibrationChoice = Calibration | Literal["auto", "roofline"] | None
 for, else the roofline), ``"roofline"`` or ``None`` (never time anything), or a ``Calibration`` to use."""
 CALIBRATION_SIZES = (1, 2, 4, 8)
 """Micro-batch sizes ``"auto"`` times, up to the effective batch (``calibrate``'s default spread, from CPU-bound to
-GPU-bound)."""
+GPU-bound); see ``calibration_sizes`` for the one it adds."""
+
+
+def calibration_sizes(effective_batch: int) -> tuple[int, ...]:
+    """The micro-batches ``"auto"`` times for a plan of ``effective_batch``: ``CALIBRATION_SIZES`` up to it (two at
+    least), and the effective batch itself where it is larger — the largest micro-batch the plan can pick.
+
+    Sizes up to 8 leave a CNN or a ViT at 224² CPU-bound, so the GPU's efficiencies were extrapolated to the
+    micro-batches a plan picks. On an H100, refitting one run's timings (every block checkpointed in each of four
+    modes, micro-batch 64): calibrated on 1-8, ResNet-50 and ViT-B/16 were −13 … +5 % off their measured step
+    times; with 64 timed too, −11 … +6 %, the no-checkpointing steps −13 / −11 → +4 / +3 %
+    (``benchmarks/results/plan/checkpoint_calibrated_h100_torch2.11_20261128_wide.md``). A size that runs out
+    of memory is skipped (``calibrate``), which leaves the small ones.
+    """
+    small = tuple(m for m in CALIBRATION_SIZES if m <= max(effective_batch, 2))
+    return small + ((effective_batch,) if effective_batch > CALIBRATION_SIZES[-1] else ())
 
 
 @dataclass(frozen=True)
@@ -70,9 +85,8 @@ def choose_speed_model(workload: Workload, gpu: GpuSpec, calibration: Calibratio
         return SpeedModel("roofline", None, f"speed model: the roofline (the plan is for {gpu.name}; this machine's "
                                             f"GPU is {here.name}, so nothing here can be timed for it)")
     eff = workload.effective_batch_size if effective_batch is None else effective_batch
-    sizes = tuple(m for m in CALIBRATION_SIZES if m <= max(eff, 2))
     try:
-        fitted = _calibrate_here(workload, sizes, gpu)
+        fitted = _calibrate_here(workload, calibration_sizes(eff), gpu)
     except Exception as exc:  # noqa: BLE001 - any failure to time the step leaves the roofline, which needs none
         logger.warning("calibrating the speed model on %s failed (%s: %s); planning with the roofline",
                        here.name, type(exc).__name__, exc)
