@@ -180,8 +180,9 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
     def _prep_args_for_hash(self, result: list[Any], args: Any, state: Any, id_hashed_objects: list[Any]) -> None:
         # The dispatch cache's key: FakeTensorMode's own describes each fake tensor by a dataclass of 17 fields that
         # it flattens field by field, recursing into shape and stride an int at a time. That is most of the cache's
-        # cost on a hit (Mamba's Python time-step loop, 68k cached dispatches: 18 of 86 s under cProfile,
-        # torch 2.14). Here a plain fake tensor of this mode is one tuple of what decides an op's output: dtype,
+        # cost on a hit (Mamba's Python time-step loop, 68k cached dispatches: 18 of 86 s under cProfile, torch
+        # 2.14; 0-26 % off eight zoo steps' estimate times without it: benchmarks/results/estimate/
+        # estimate_time_cachekey_cpu_torch2.14_20261127.md). Here a plain fake tensor of this mode is one tuple of what decides an op's output: dtype,
         # sizes, strides, device, offset, storage size, autograd, conj/neg/inference/quantized flags. The memory
         # format FakeTensorMode also keys on follows from sizes and strides. The key only has to be consistent
         # within this mode's own cache (``_own_cache``), which nothing else reads; anything else (constants,
