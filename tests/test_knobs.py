@@ -92,3 +92,18 @@ def test_the_chunked_loss_is_a_knob_only_for_models_that_expose_their_output_lay
     assert lm.output_vocab == 50_000 and lm.loss_impls == ("default", "chunked")
     gpt = facts(lambda: GPT(vocab=50_000, seq_len=8, dim=16, layers=1, heads=2))  # logits only: no loss inside
     assert gpt.output_vocab is None and gpt.loss_impls == ("default",)
+
+
+def test_checkpoint_choices_take_the_heaviest_blocks_and_the_earliest_of_one_size():
+    from memfit.workload.knobs import checkpoint_choices
+
+    blocks = [f"blocks.{i}" for i in range(6)]
+    # six blocks of one size up to a few bytes (a repeated block's estimate): half the activations is the first
+    # three, so the last three stay plain and are freed before the first recompute
+    same = {f"blocks.{i}.mlp": 1_000_000 + b for i, b in enumerate((0, 900, 1500, 300, 1900, 2600))}
+    assert checkpoint_choices(same, blocks) == [tuple(blocks[:3]), tuple(blocks)]
+    # clearly heavier blocks (a U-Net's high-resolution stages) still go first, wherever they are
+    unequal = {**same, "blocks.4.conv": 4_000_000, "blocks.5.conv": 4_000_000}
+    assert checkpoint_choices(unequal, blocks) == [("blocks.4", "blocks.5"), tuple(blocks)]
+    # the fewest blocks holding three quarters, of one size: the first five
+    assert checkpoint_choices(same, blocks, (0.75,)) == [tuple(blocks[:5]), tuple(blocks)]
