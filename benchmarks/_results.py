@@ -53,3 +53,18 @@ def latest(feature: str, prefix: str) -> Path:
     if not found:
         return RESULTS / feature / prefix
     return max(found, key=lambda p: (re.search(r"_(\d{8})(\.\w+)?$", p.name).group(1), p.name))
+
+
+def write_gpu_json(folder: Path, benchmark: str, payload: dict, tag: str = "") -> Path:
+    """``payload`` with this machine's first GPU and torch version, written as
+    ``<folder>/<benchmark>_<card>_torch<X.Y>_<yyyymmdd><tag>.json``; returns the path."""
+    import json
+
+    import torch
+
+    device = torch.cuda.get_device_name(0)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{stem(benchmark, card(device), torch.__version__)}{tag}.json"
+    path.write_text(json.dumps({"device": device, "torch": torch.__version__, **payload}, indent=1))
+    return path

@@ -24,7 +24,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from _results import card, stem  # noqa: E402
+from _results import card, write_gpu_json  # noqa: E402
 
 # built-in workload -> (changes, effective batch, micro-batches to time); none of them decided calibration_sizes
 MODELS: dict[str, tuple[dict[str, Any], int, tuple[int, ...]]] = {
@@ -124,14 +124,9 @@ def main() -> None:
         args.out.write_text(report(args.report))
         print(args.out.read_text())
         return
-    import torch
-
     rows = measure(args.rounds, args.steps)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{stem('calibration_sizes_check', card(torch.cuda.get_device_name(0)), torch.__version__)}.json"
-    path.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                                "rounds": args.rounds, "steps": args.steps, "rows": rows}, indent=1))
-    print(path)
+    print(write_gpu_json(args.out, "calibration_sizes_check", {"rounds": args.rounds, "steps": args.steps,
+                                                               "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import checkpoint_modes_device as modes  # noqa: E402
 
-from _results import card, stem  # noqa: E402
+from _results import card, write_gpu_json  # noqa: E402
 
 
 def measure(rounds: int, steps: int, sizes: tuple[int, ...] | None) -> dict[str, Any]:
@@ -119,15 +119,9 @@ def main() -> None:
         args.out.write_text(report(args.report, [tuple(map(int, x.split(","))) for x in args.subsets]))
         print(args.out.read_text())
         return
-    import torch
-
     rows = measure(args.rounds, args.steps, tuple(map(int, args.sizes.split(","))) if args.sizes else None)
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = stem("checkpoint_calibrated", card(torch.cuda.get_device_name(0)), torch.__version__) + args.tag
-    path = args.out / f"{name}.json"
-    path.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                                "rounds": args.rounds, "steps": args.steps, "rows": rows}, indent=1))
-    print(path)
+    print(write_gpu_json(args.out, "checkpoint_calibrated", {"rounds": args.rounds, "steps": args.steps, "rows": rows},
+                         args.tag))
 
 
 if __name__ == "__main__":
