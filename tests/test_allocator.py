@@ -485,6 +485,17 @@ def test_segment_addresses_break_ties_between_equal_free_blocks() -> None:
     assert sim._live[2].addr == 0x7F0004000000  # fake addresses lie above every real one
 
 
+def test_the_smallest_fitting_cap_follows_the_segment_addresses_it_is_given() -> None:
+    # S0 (20 MiB) holds key 0; S1 (40 MiB) is freed and half taken again by key 2; key 0 goes: a 20 MiB request
+    # then has two free 20 MiB blocks, S0 whole and S1's other half, and takes the one at the lower address. A 40 MiB
+    # request next needs a new segment: under a cap, only a wholly free S0 can be given back first (80 MiB), else
+    # all three stay (100 MiB). memfit's fake bases put S0 above S1; the recorded ones here put it below.
+    events = [(A, 0, 20 * MiB), (A, 1, 40 * MiB), (F, 1, 0), (A, 2, 20 * MiB), (F, 0, 0), (A, 3, 20 * MiB),
+              (A, 4, 40 * MiB)]
+    assert smallest_fitting_capacity(events) == 80 * MiB
+    assert smallest_fitting_capacity(events, segment_addresses=[0x7F0000000000, 0x7F0004000000]) == 100 * MiB
+
+
 def test_segment_addresses_must_be_device_addresses() -> None:
     with pytest.raises(UsageError, match="segment_alloc"):
         CachingAllocator(segment_addresses=[1 << 60])

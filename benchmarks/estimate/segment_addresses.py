@@ -54,19 +54,7 @@ def smallest_cap(events: list[tuple[int, int, int]], addresses: list[int] | None
     if upward:
         alloc.CachingAllocator = _Upward  # type: ignore[misc]  # replay builds the allocator by this name
     try:
-        if addresses is None:
-            return alloc.smallest_fitting_capacity(events)
-        # smallest_fitting_capacity has no address argument: bisect the same way with the recorded ones
-        uncapped = alloc.replay(events, segment_addresses=addresses)
-        step = 2 * MiB
-        lo, hi = max(uncapped.peak_allocated_bytes // step - 1, 0), -(-uncapped.peak_reserved_bytes // step)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if alloc.replay(events, capacity_bytes=mid * step, segment_addresses=addresses).oom_index is None:
-                hi = mid
-            else:
-                lo = mid
-        return hi * step
+        return alloc.smallest_fitting_capacity(events, segment_addresses=addresses)
     finally:
         alloc.CachingAllocator = original  # type: ignore[misc]
 

@@ -640,22 +640,25 @@ def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int
 
 
 def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: AllocatorConfig = AllocatorConfig(),
-                              *, granularity_bytes: int = 2 * MiB) -> int:
+                              *, granularity_bytes: int = 2 * MiB,
+                              segment_addresses: Sequence[int] | None = None) -> int:
     """The smallest memory cap, a multiple of ``granularity_bytes``, at which ``events`` replay without OOM.
 
     This is what ``torch.cuda.set_per_process_memory_fraction(cap / total_memory)`` would need. Under a cap the
     allocator flushes its cache instead of growing, so the answer is usually below the uncapped peak reserved.
     Bisection assumes that a larger cap never hurts, which holds for all but contrived streams.
+    ``segment_addresses``: as for ``replay`` (a recorded stream's cudaMalloc bases), for every replay it runs.
     """
     if granularity_bytes <= 0:
         raise UsageError(f"granularity_bytes must be positive, got {granularity_bytes}.")
     events = events if isinstance(events, Sequence) else list(events)
-    uncapped = replay(events, config)
+    uncapped = replay(events, config, segment_addresses=segment_addresses)
     if uncapped.peak_reserved_bytes == 0:
         return 0
 
     def fits(steps: int) -> bool:
-        return replay(events, config, capacity_bytes=steps * granularity_bytes).oom_index is None
+        return replay(events, config, capacity_bytes=steps * granularity_bytes,
+                      segment_addresses=segment_addresses).oom_index is None
 
     # Upper end: a cap at or above the uncapped peak reserved never refuses a cudaMalloc, so the capped run is the
     # uncapped one and fits, unless expandable segments test the cap with more than they map, or a cap turns on
