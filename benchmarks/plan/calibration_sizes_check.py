@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+
+from checkpoint_calibrated import timed_samples  # noqa: E402
 
 from _results import card, write_gpu_json  # noqa: E402
 
@@ -74,13 +77,7 @@ def report(path: Path) -> str:
     from memfit import estimate
     from memfit.estimate.gpus import gpu_spec
     from memfit.speed.model_choice import CALIBRATION_SIZES
-    from memfit.speed.step_time import (
-        Calibration,
-        CalibrationSample,
-        _trace_cost,
-        fit_calibration,
-        predict_step_time,
-    )
+    from memfit.speed.step_time import Calibration, fit_calibration, predict_step_time
 
     data = json.loads(path.read_text())
     spec = gpu_spec(card(data["device"]))
@@ -91,10 +88,8 @@ def report(path: Path) -> str:
              "|---|---|---|---|---|---|---|"]
     errors: dict[str, list[float]] = {"small": [], "wide": []}
     for name, row in data["rows"].items():
-        timed = Calibration.from_dict(row["calibration"])
-        samples = {b: CalibrationSample(cost=_trace_cost(_workload(name, b), spec), forward_s=f, backward_s=bw,
-                                        optimizer_s=o)
-                   for b, (f, bw, o) in zip(timed.micro_batches, timed.measured, strict=True)}
+        samples = timed_samples(Calibration.from_dict(row["calibration"]), spec,
+                                lambda b, n=name: _workload(n, b))
         fits = {"small": fit_calibration([s for b, s in samples.items() if b in CALIBRATION_SIZES], spec),
                 "wide": fit_calibration(list(samples.values()), spec)}
         for m, measured in row["step_ms"].items():

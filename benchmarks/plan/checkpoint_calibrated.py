@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,14 @@ def measure(rounds: int, steps: int, sizes: tuple[int, ...] | None) -> dict[str,
     return out
 
 
-def refit(calibration: Any, spec: Any, name: str, sizes: tuple[int, ...]) -> Any:
-    """The calibration fitted again from ``calibration``'s own timings of ``sizes`` only (a subset of those timed):
-    what calibrating on fewer micro-batches would have given, judged on the same run's step times."""
-    from memfit.speed.step_time import CalibrationSample, _trace_cost, fit_calibration
+def timed_samples(calibration: Any, spec: Any, workload_at: Callable[[int], Any]) -> dict[int, Any]:
+    """``calibration``'s own timings as ``CalibrationSample``s by micro-batch, each traced once on this CPU
+    (``workload_at(b)``: the workload at micro-batch ``b``): fitted again on a subset (``fit_calibration``), they
+    say what calibrating on fewer micro-batches would have given, judged on the same run's step times."""
+    from memfit.speed.step_time import CalibrationSample, _trace_cost
 
-    samples = [CalibrationSample(cost=_trace_cost(modes.workload(name, "none", False).replace(batch_size=b), spec),
-                                 forward_s=f, backward_s=bw, optimizer_s=o)
-               for b, (f, bw, o) in zip(calibration.micro_batches, calibration.measured, strict=True) if b in sizes]
-    return fit_calibration(samples, spec, workload=name)
+    return {b: CalibrationSample(cost=_trace_cost(workload_at(b), spec), forward_s=f, backward_s=bw, optimizer_s=o)
+            for b, (f, bw, o) in zip(calibration.micro_batches, calibration.measured, strict=True)}
 
 
 def _order(times: dict[str, float]) -> str:
@@ -70,10 +70,7 @@ def report(path: Path, subsets: list[tuple[int, ...]] | None = None) -> str:
     ``subsets``, a column per subset of the timed micro-batches, each a calibration fitted on those alone."""
     from memfit import estimate
     from memfit.estimate.gpus import gpu_spec
-    from memfit.speed.step_time import Calibration, predict_step_time
-
-    def detect_spec(device: str) -> Any:
-        return gpu_spec(card(device))
+    from memfit.speed.step_time import Calibration, fit_calibration, predict_step_time
 
     data = json.loads(path.read_text())
     subsets = subsets or []
@@ -82,11 +79,14 @@ def report(path: Path, subsets: list[tuple[int, ...]] | None = None) -> str:
              "", f"From `{path.name}`; predictions on this CPU from each model's calibration (`--report`).", "",
              f"| model | mode | measured ms | predicted ms | error |{heads}",
              "|---|---|---|---|---|" + "---|---|" * len(subsets)]
-    spec = detect_spec(data["device"])
+    spec = gpu_spec(card(data["device"]))
     for name, row in data["rows"].items():
         calibration = Calibration.from_dict(row["calibration"])
         measured = {m: v["median_ms"] for m, v in row["step_ms"].items()}
-        others = [refit(calibration, spec, name, s) for s in subsets]
+        samples = timed_samples(calibration, spec,
+                                lambda b, n=name: modes.workload(n, "none", False).replace(batch_size=b)) \
+            if subsets else {}
+        others = [fit_calibration([v for b, v in samples.items() if b in s], spec, workload=name) for s in subsets]
         predicted: dict[str, float] = {}
         alternatives: list[dict[str, float]] = [{} for _ in subsets]
         for mode in modes.MODES:
