@@ -357,6 +357,93 @@ def retime_stage(args: argparse.Namespace) -> None:
              "repeats": args.repeats, "budgets": budgets}, indent=1))
 
 
+def calibrated_stage(args: argparse.Namespace) -> None:
+    """The plans a GPU user gets by default, judged on the GPU (``plan(calibration="auto")``: this card timed).
+
+    Per workload the speed model is chosen as ``plan``'s default chooses it (``choose_speed_model(..., "auto")``:
+    micro-batches ``calibration_sizes`` timed on this card), once, and every budget is planned with that
+    calibration. Each plan then runs under its cap in a fresh process, and is timed in interleaved rounds beside
+    the CPU's roofline plan for the same budget (``--plans``) and the fastest configurations an earlier sweep found
+    running under the same cap (``--sweeps``: its capped checks decided which fit; the caps are that sweep's).
+    ``--repeats`` builds every configuration anew each time. ``ratio`` = the fastest of them ÷ the calibrated
+    plan, per repeat and of the medians."""
+    import torch
+
+    from memfit.estimate.gpus import detect_gpu
+    from memfit.plan.search import plan
+    from memfit.speed.model_choice import choose_speed_model
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.cuda.init()
+    gpu = detect_gpu()
+    sweeps = dict(item.split("=", 1) for item in args.sweeps.split(","))
+    for name in args.workloads.split(","):
+        swept = json.loads((Path(sweeps[name]) / f"plan_sweep_{name}.json").read_text())
+        roofline = _load_plans(args, name)
+        w = _workload(name)
+        _, _, eff, gibs = WORKLOADS[name]
+        started = time.perf_counter()
+        speed = choose_speed_model(w, gpu, "auto", effective_batch=eff)
+        calibration_s = time.perf_counter() - started
+        print(f"{name}: {speed.reason} ({calibration_s:.1f} s)", flush=True)
+        budgets = []
+        for index, (gib, sweep_budget, roof_entry) in enumerate(zip(gibs, swept["budgets"], roofline["plans"],
+                                                                    strict=True)):
+            budget = int(gib * 2**30)
+            assert sweep_budget["budget_bytes"] == budget == roof_entry["budget_bytes"], (name, gib)
+            cap = sweep_budget["cap_bytes"]
+            row: dict = {"budget_bytes": budget, "cap_bytes": cap}
+            started = time.perf_counter()
+            try:
+                p = plan(w, budget_bytes=budget, effective_batch=eff, gpu=gpu,
+                         calibration=speed.calibration if speed.calibration is not None else "roofline")
+            except Exception as exc:  # a budget nothing fits: said, and the next budget planned
+                row["plan_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                budgets.append(row)
+                print(f"{name} {gib} GiB: {row['plan_error']}", flush=True)
+                continue
+            row["planning_s"] = time.perf_counter() - started
+            pick, expandable = _pick({"plan": p.to_dict()})
+            row.update({"plan": pick, "plan_expandable_segments": expandable,
+                        "plan_context_bytes": p.chosen.device_bytes - p.chosen.fits_in_bytes,
+                        "plan_predicted_step_s": p.chosen.step_time_s,
+                        "plan_runs_under_cap": _plan_runs(name, pick, expandable, cap)})
+            contenders = [("calibrated plan", pick)]
+            if "plan" in roof_entry:
+                contenders.append(("roofline plan", _pick(roof_entry)[0]))
+            fitting = sorted((r for r in swept["rows"] if r["fits"][index] and r.get("time")),
+                             key=lambda r: r["time"]["step_s"])
+            contenders += [("sweep", r["config"]) for r in fitting]
+            seen: set[str] = set()
+            unique = []
+            for role, config in contenders:
+                if _key(config) not in seen:
+                    seen.add(_key(config))
+                    unique.append((role, config))
+            configs = [c for _, c in unique[:1 + args.top]]
+            repeats = [_interleaved(w, configs, args.rounds) for _ in range(args.repeats)]
+            medians = [statistics.median(r[i] for r in repeats) for i in range(len(configs))]
+            row.update({
+                "contenders": [{"role": role, "config": c, "step_s": [r[i] for r in repeats], "median_step_s": m}
+                               for i, ((role, c), m) in enumerate(zip(unique, medians, strict=False))],
+                "ratio_per_repeat": [min(r) / r[0] for r in repeats],
+                "ratio_of_medians": min(medians) / medians[0],
+                "same_as_roofline_plan": "plan" in roof_entry and _key(_pick(roof_entry)[0]) == _key(pick),
+            })
+            budgets.append(row)
+            print(f"{name} {gib} GiB: {p.chosen.config.label()}; runs under cap {row['plan_runs_under_cap']}; "
+                  f"ratio per repeat {', '.join(f'{r:.3f}' for r in row['ratio_per_repeat'])}, of medians "
+                  f"{row['ratio_of_medians']:.3f} (plan {medians[0] * 1e3:.1f} ms, best {min(medians) * 1e3:.1f} "
+                  f"ms; same as the roofline plan: {row['same_as_roofline_plan']})", flush=True)
+        (out / f"plan_calibrated_{name}.json").write_text(json.dumps(
+            {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+             "date": dt.date.today().isoformat(), "speed_model": speed.name, "speed_reason": speed.reason,
+             "calibration_s": calibration_s, "sweep": sweeps[name], "roofline_plans": str(args.plans),
+             "rounds": args.rounds, "repeats": args.repeats, "speed_fit_model": name in SPEED_FIT_MODELS,
+             "budgets": budgets}, indent=1))
+
+
 def _load_plans(args: argparse.Namespace, name: str) -> dict | None:
     if not args.plans:
         return None
@@ -442,6 +529,16 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=60)
     r.add_argument("--repeats", type=int, default=3)
     r.set_defaults(func=retime_stage)
+    c = sub.add_parser("calibrated", help="on the GPU: plans made with the default (calibrated) speed model, "
+                                          "run under their caps and timed against a sweep's finalists")
+    c.add_argument("--out", required=True)
+    c.add_argument("--plans", required=True, help="the plan stage's folder (the CPU's roofline plans)")
+    c.add_argument("--sweeps", required=True, help="WORKLOAD=FOLDER,...: the sweep each workload is judged against")
+    c.add_argument("--workloads", default=",".join(WORKLOADS))
+    c.add_argument("--rounds", type=int, default=20)
+    c.add_argument("--repeats", type=int, default=2)
+    c.add_argument("--top", type=int, default=4, help="contenders timed beside the calibrated plan")
+    c.set_defaults(func=calibrated_stage)
     args = parser.parse_args()
     args.func(args)
 
