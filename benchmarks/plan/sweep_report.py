@@ -88,6 +88,47 @@ def sweep_table(folders: list[Path]) -> list[str]:
     return lines
 
 
+def calibrated_table(folder: Path) -> list[str]:
+    """``plan/sweep_device.py calibrated``: plans made with the default (calibrated) speed model on the GPU."""
+    files = sorted(folder.glob("plan_calibrated_*.json"))
+    if not files:
+        raise SystemExit(f"no plan_calibrated_*.json in {folder}: give the calibrated stage's --out.")
+    lines = ["| workload | speed model fitted on it | calibration | budget GiB | calibrated plan | same as the roofline "
+             "plan | runs under the cap | plan ms (median) | fastest contender | ms | best ÷ plan per repeat | of the "
+             "medians |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios, not_run, gpus = [], [], set()
+    for f in files:
+        d = json.loads(f.read_text())
+        name = d["workload"]
+        gpus.add(f"{d['gpu']}, torch {d['torch']}, {d['date']}")
+        reason = d["speed_reason"].removeprefix("speed model: ")
+        for b in d["budgets"]:
+            gib = f"{b['budget_bytes'] / 2**30:.2f}"
+            if "plan" not in b:
+                lines.append(f"| {name} | {'yes' if d['speed_fit_model'] else 'no'} | {reason} | {gib} | no plan: "
+                             f"{b.get('plan_error', '?')[:60]} | — | — | — | — | — | — | — |")
+                continue
+            best = min(b["contenders"], key=lambda c: c["median_step_s"])
+            ratios.append((name, gib, b["ratio_of_medians"]))
+            if not b["plan_runs_under_cap"]:
+                not_run.append(f"{name} at {gib} GiB")
+            plan = _label(b["plan"]) + (", expandable segments" if b.get("plan_expandable_segments") else "")
+            lines.append(f"| {name} | {'yes' if d['speed_fit_model'] else 'no'} | {reason} | {gib} | {plan} | "
+                         f"{'yes' if b['same_as_roofline_plan'] else 'no'} | {b['plan_runs_under_cap']} | "
+                         f"{b['contenders'][0]['median_step_s'] * 1e3:.1f} | {best['role']}: {_label(best['config'])} | "
+                         f"{best['median_step_s'] * 1e3:.1f} | "
+                         f"{', '.join(f'{r:.3f}' for r in b['ratio_per_repeat'])} | {b['ratio_of_medians']:.3f} |")
+    met = [r for r in ratios if r[2] >= TARGET]
+    worst = min(ratios, key=lambda r: r[2]) if ratios else None
+    lines += ["", f"Measured on {'; '.join(sorted(gpus))}. Contenders: the calibrated plan, the CPU's roofline plan "
+              "for the budget, and the fastest configurations the named sweep found running under the same cap, "
+              "timed together in interleaved rounds; best ÷ plan is the plan's throughput as a share of the fastest.",
+              f"{len(met)} of {len(ratios)} cells ≥ {TARGET} (of the medians)"
+              + (f"; lowest {worst[2]:.3f} ({worst[0]} at {worst[1]} GiB)" if worst else "")
+              + f". Plans that did not run under their cap: {', '.join(not_run) or 'none'}."]
+    return lines
+
+
 def patch_table(path: Path) -> list[str]:
     d = json.loads(path.read_text())
     if d.get("dry_run"):
@@ -121,13 +162,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", nargs="*", default=[], help="folders of plan_sweep_<workload>.json")
     parser.add_argument("--patch", help="the patch_caps_<card>_torch<X.Y>_<date>.json file")
+    parser.add_argument("--calibrated", help="a folder of plan_calibrated_<workload>.json")
     parser.add_argument("--out", help="markdown file to write (default: stdout)")
     args = parser.parse_args()
-    if not args.sweep and not args.patch:
-        parser.error("give --sweep FOLDER... and/or --patch FILE")
+    if not args.sweep and not args.patch and not args.calibrated:
+        parser.error("give --sweep FOLDER..., --patch FILE and/or --calibrated FOLDER")
     parts: list[str] = []
     if args.sweep:
         parts += ["## Plan ÷ best of an exhaustive sweep", "", *sweep_table([Path(s) for s in args.sweep]), ""]
+    if args.calibrated:
+        parts += ["## Plans made with the default speed model on the GPU (calibrated) ÷ the fastest contender", "",
+                  *calibrated_table(Path(args.calibrated)), ""]
     if args.patch:
         parts += ["## Patch search under caps", "", *patch_table(Path(args.patch)), ""]
     text = "\n".join(parts)
