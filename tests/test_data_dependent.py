@@ -1,6 +1,8 @@
 """Value-dependent sizes (memfit.estimate.data_dependent): proven, decided by the batch's values, or taken from one
 real forward; each a small CPU step whose sizes can be worked out by hand."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -273,6 +275,42 @@ def test_numpy_in_the_loss_gets_the_values_of_one_real_forward():
     assert ".numpy()" in trace.uncertain["data_dependent_shape"]
     rows = {a.shape[0] for a in trace.allocs if a.op == "index" and a.phase == "loss"}
     assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512
+
+
+def _asarray_picked_loss(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:
+    picked = np.flatnonzero(np.asarray(out.detach().cpu())[:, 0] > 0)  # NumPy's own conversion: Tensor.__array__
+    return out[torch.as_tensor(picked, device=out.device)].square().mean()
+
+
+def test_numpy_asarray_in_the_loss_gets_the_values_of_one_real_forward_and_numpy_is_torch_s_again_after():
+    before = torch.Tensor.__dict__.get("numpy")
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
+                 loss=_asarray_picked_loss, optimizer=_sgd, batch_size=512)
+    trace = trace_workload(w, GPU)
+    assert ".numpy()" in trace.uncertain["data_dependent_shape"]
+    rows = {a.shape[0] for a in trace.allocs if a.op == "index" and a.phase == "loss"}
+    assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512
+    assert torch.Tensor.__dict__.get("numpy") is before  # the trace put torch's own method back
+    assert torch.ones(2).numpy().tolist() == [1.0, 1.0]
+
+
+def test_numpy_in_another_thread_during_a_trace_is_torch_s():
+    seen: list[object] = []
+
+    def loss(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:
+        if type(out).__name__ == "FakeTensor":  # the trace, not the real forward whose copies it takes
+            # another thread's .numpy() of its own tensor, before this thread's: not one of the step's copies
+            worker = threading.Thread(target=lambda: seen.append(torch.arange(3).numpy()))
+            worker.start()
+            worker.join()
+        return _numpy_picked_loss(out, batch)
+
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),), loss=loss,
+                 optimizer=_sgd, batch_size=512)
+    trace = trace_workload(w, GPU)
+    assert seen and all(isinstance(a, np.ndarray) and a.tolist() == [0, 1, 2] for a in seen)
+    rows = {a.shape[0] for a in trace.allocs if a.op == "index" and a.phase == "loss"}
+    assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512  # the real forward's copy, in its place
 
 
 def test_numpy_of_the_labels_is_computed_from_the_batch_without_a_real_forward(monkeypatch):  # noqa: ANN001

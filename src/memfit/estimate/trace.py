@@ -17,6 +17,7 @@ import gc
 import itertools
 import logging
 import os
+import threading
 import traceback
 import weakref
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from memfit import _torch_private as tp
 from memfit.errors import MemfitError, TraceError
@@ -297,34 +297,59 @@ HOST_COPY = "a copy to host memory (.numpy())"
 """What ``_ValuesNeededToTrace`` names for ``.numpy()`` of a tensor whose values the trace does not have."""
 
 
-class _HostCopies(TorchFunctionMode):
-    """``.numpy()`` (and NumPy's ``np.asarray`` of a tensor) in forward and loss, which fake tensors refuse.
+_TORCH_NUMPY = torch._C.TensorBase.numpy  # torch.Tensor inherits it (_HostCopies replaces it for a while)
+
+
+class _HostCopies:
+    """``.numpy()`` (and NumPy's ``np.asarray`` of a tensor, which calls it) in forward and loss, which fake tensors
+    refuse.
 
     A step that hands values to NumPy or SciPy (DETR's Hungarian matching) gets them as the op-level values do:
     computed, where they are known (from constants or the batch's values); else what the real forward's copy in
     the same place in call order gave, if it had the same shape; else the step is traced again with them
-    (``_ValuesNeededToTrace``). The real forward keeps what each copy gave (``RealForward.host_copies``)."""
+    (``_ValuesNeededToTrace``). The real forward keeps what each copy gave (``RealForward.host_copies``).
+
+    Inside, ``torch.Tensor.numpy`` is this object's ``numpy`` for the thread that entered (other threads get
+    torch's). It was a ``TorchFunctionMode``, which runs Python for every torch call of the step, ``.shape``
+    included: 15 % of timm MaxViT-T's estimate on a 2-core CPU (14.1 s against 11.9;
+    ``benchmarks/results/estimate/estimate_time_hostcopies_cpu_torch2.14_20261128.md``).
+    """
 
     def __init__(self, recorder: _Recorder) -> None:
-        super().__init__()
         self.recorder = recorder
+        self._thread = threading.get_ident()
+        self._own: Any = None  # what torch.Tensor's own dict held under "numpy" (None: inherited)
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+    def __enter__(self) -> _HostCopies:
+        self._own = torch.Tensor.__dict__.get("numpy")
+        host_copies = self
+
+        def numpy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return host_copies.numpy(t, *args, **kwargs)
+
+        torch.Tensor.numpy = numpy  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._own is None:
+            del torch.Tensor.numpy
+        else:
+            torch.Tensor.numpy = self._own  # type: ignore[method-assign]
+
+    def numpy(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         r = self.recorder
-        if func not in (torch.Tensor.numpy, torch.Tensor.__array__) or r.phase not in ("forward", "loss"):
-            return func(*args, **kwargs)
-        t = args[0]
+        if threading.get_ident() != self._thread or r.phase not in ("forward", "loss"):
+            return _TORCH_NUMPY(t, *args, **kwargs)
         index, r.host_copies = r.host_copies, r.host_copies + 1
         if r.real:
-            out = func(*args, **kwargs)
+            out = _TORCH_NUMPY(t, *args, **kwargs)
             if r.real_forward is not None:
                 r.real_forward.host_copies.append(out.copy())
             return out
         known = r.values.value(t)
         if known is not None:
             with tp.no_dispatch_modes():  # the real tensor's own values, not the fake mode's
-                return func(known, *args[1:], **kwargs)
+                return _TORCH_NUMPY(known, *args, **kwargs)
         recorded = r.real_forward.host_copies if r.real_forward is not None else []
         if index < len(recorded) and tuple(recorded[index].shape) == tuple(t.shape):
             r.trace.uncertain.setdefault("data_dependent_shape", f".numpy() at {user_frame()}: values from one "
