@@ -76,8 +76,8 @@ def _swap(x: Any, filled: torch.Tensor | None, value: Any) -> Any:
 
     A function of the module, not a closure of ``_real_args``: a closure that calls itself is a reference cycle
     (function, cell), which kept the fake tensors it saw (a Faster R-CNN's batched images) alive until Python's
-    cyclic collector ran, so the trace freed them at the collector's whim: its ``fits_in`` moved by 2 MiB from run to
-    run, and with the collector off its peak was 61 MB higher (``estimate_time_hostcopies_cpu_torch2.14_20261128.md``).
+    cyclic collector ran, so the trace freed them whenever the collector happened to run: with it off, never, and
+    that estimate's peak was 61 MB higher (``estimate_time_hostcopies_cpu_torch2.14_20261128.md``).
     """
     if x is filled and isinstance(x, torch.Tensor):
         with tp.no_dispatch_modes():
