@@ -297,7 +297,7 @@ HOST_COPY = "a copy to host memory (.numpy())"
 """What ``_ValuesNeededToTrace`` names for ``.numpy()`` of a tensor whose values the trace does not have."""
 
 
-_TORCH_NUMPY = torch._C.TensorBase.numpy  # torch.Tensor inherits it (_HostCopies replaces it for a while)
+_TORCH_NUMPY = torch.Tensor.numpy  # torch's own, taken at import (_HostCopies replaces it for a while)
 
 
 class _HostCopies:
