@@ -259,6 +259,15 @@ def _interleaved(w, configs: list[dict], rounds: int) -> list[float]:  # noqa: A
     return steps
 
 
+def _repeated(w, configs: list[dict], rounds: int, repeats: int  # noqa: ANN001
+              ) -> tuple[list[list[float]], list[float], list[float], float]:
+    """``_interleaved`` ``repeats`` times, the models built anew each time: the step seconds of every repeat, each
+    configuration's median, and the fastest ÷ the first configuration per repeat and of the medians."""
+    runs = [_interleaved(w, configs, rounds) for _ in range(repeats)]
+    medians = [statistics.median(r[i] for r in runs) for i in range(len(configs))]
+    return runs, medians, [min(r) / r[0] for r in runs], min(medians) / medians[0]
+
+
 def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
     import torch
 
@@ -339,13 +348,11 @@ def retime_stage(args: argparse.Namespace) -> None:
             if "finalists" not in b:
                 continue
             configs = [f["config"] for f in b["finalists"]]  # the plan first
-            repeats = [_interleaved(w, configs, args.rounds) for _ in range(args.repeats)]
-            ratios = [min(steps) / steps[0] for steps in repeats]
-            medians = [statistics.median(r[i] for r in repeats) for i in range(len(configs))]
+            repeats, medians, ratios, of_medians = _repeated(w, configs, args.rounds, args.repeats)
             row = {"budget_bytes": b["budget_bytes"], "sweep_ratio": b["ratio"],
                    "finalists": [{"config": c, "step_s": [r[i] for r in repeats], "median_step_s": m}
                                  for i, (c, m) in enumerate(zip(configs, medians, strict=True))],
-                   "ratio_per_repeat": ratios, "ratio_of_medians": min(medians) / medians[0]}
+                   "ratio_per_repeat": ratios, "ratio_of_medians": of_medians}
             budgets.append(row)
             print(f"{name} {b['budget_bytes'] / 2**30:.2f} GiB: sweep ratio {b['ratio']:.3f}; {args.repeats} repeats "
                   f"x {args.rounds} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; of medians "
@@ -422,13 +429,12 @@ def calibrated_stage(args: argparse.Namespace) -> None:
                     seen.add(_key(config))
                     unique.append((role, config))
             configs = [c for _, c in unique[:1 + args.top]]
-            repeats = [_interleaved(w, configs, args.rounds) for _ in range(args.repeats)]
-            medians = [statistics.median(r[i] for r in repeats) for i in range(len(configs))]
+            repeats, medians, ratios, of_medians = _repeated(w, configs, args.rounds, args.repeats)
             row.update({
                 "contenders": [{"role": role, "config": c, "step_s": [r[i] for r in repeats], "median_step_s": m}
                                for i, ((role, c), m) in enumerate(zip(unique, medians, strict=False))],
-                "ratio_per_repeat": [min(r) / r[0] for r in repeats],
-                "ratio_of_medians": min(medians) / medians[0],
+                "ratio_per_repeat": ratios,
+                "ratio_of_medians": of_medians,
                 "same_as_roofline_plan": "plan" in roof_entry and _key(_pick(roof_entry)[0]) == _key(pick),
             })
             budgets.append(row)
