@@ -416,26 +416,21 @@ def calibrated_stage(args: argparse.Namespace) -> None:
                         "plan_context_bytes": p.chosen.device_bytes - p.chosen.fits_in_bytes,
                         "plan_predicted_step_s": p.chosen.step_time_s,
                         "plan_runs_under_cap": _plan_runs(name, pick, expandable, cap)})
-            contenders = [("calibrated plan", pick)]
-            if "plan" in roof_entry:
-                contenders.append(("roofline plan", _pick(roof_entry)[0]))
+            roof_pick = _pick(roof_entry)[0] if "plan" in roof_entry else None
             fitting = sorted((r for r in swept["rows"] if r["fits"][index] and r.get("time")),
                              key=lambda r: r["time"]["step_s"])
-            contenders += [("sweep", r["config"]) for r in fitting]
-            seen: set[str] = set()
-            unique = []
-            for role, config in contenders:
-                if _key(config) not in seen:
-                    seen.add(_key(config))
-                    unique.append((role, config))
-            configs = [c for _, c in unique[:1 + args.top]]
-            repeats, medians, ratios, of_medians = _repeated(w, configs, args.rounds, args.repeats)
+            contenders: dict[str, tuple[str, dict]] = {}  # by _key: the first role a configuration comes with
+            for role, config in [("calibrated plan", pick), *([("roofline plan", roof_pick)] if roof_pick else []),
+                                 *(("sweep", r["config"]) for r in fitting)]:
+                contenders.setdefault(_key(config), (role, config))
+            timed = list(contenders.values())[:1 + args.top]
+            repeats, medians, ratios, of_medians = _repeated(w, [c for _, c in timed], args.rounds, args.repeats)
             row.update({
                 "contenders": [{"role": role, "config": c, "step_s": [r[i] for r in repeats], "median_step_s": m}
-                               for i, ((role, c), m) in enumerate(zip(unique, medians, strict=False))],
+                               for i, ((role, c), m) in enumerate(zip(timed, medians, strict=True))],
                 "ratio_per_repeat": ratios,
                 "ratio_of_medians": of_medians,
-                "same_as_roofline_plan": "plan" in roof_entry and _key(_pick(roof_entry)[0]) == _key(pick),
+                "same_as_roofline_plan": roof_pick is not None and _key(roof_pick) == _key(pick),
             })
             budgets.append(row)
             print(f"{name} {gib} GiB: {p.chosen.config.label()}; runs under cap {row['plan_runs_under_cap']}; "

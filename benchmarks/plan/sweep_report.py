@@ -39,6 +39,14 @@ def _gib(n: int | None) -> str:
     return "—" if n is None else f"{n / 2**30:.2f}"
 
 
+def _cells_met(ratios: list[tuple[str, str, float]], which: str) -> str:
+    """How many (workload, budget GiB, ratio) cells reach ``TARGET``, and the lowest; ``which`` says which ratio."""
+    met = [r for r in ratios if r[2] >= TARGET]
+    worst = min(ratios, key=lambda r: r[2]) if ratios else None
+    return (f"{len(met)} of {len(ratios)} cells ≥ {TARGET}{which}"
+            + (f"; lowest {worst[2]:.3f} ({worst[0]} at {worst[1]} GiB)" if worst else ""))
+
+
 def sweep_table(folders: list[Path]) -> list[str]:
     files = sorted(f for folder in folders for f in folder.glob("plan_sweep_*.json"))
     if not files:
@@ -75,12 +83,9 @@ def sweep_table(folders: list[Path]) -> list[str]:
             lines.append(f"| {name} | {'yes' if fitted else 'no'} | {gib} | {plan} ({model}; {made_on}) | "
                          f"{b['plan_runs_under_cap']} | {b['sweep_fitting']} | {plan_s * 1e3:.1f} | "
                          f"{_label(b['best'])} | {best_s * 1e3:.1f} | {b['ratio']:.3f} |")
-    met = [r for r in ratios if r[2] >= TARGET]
-    worst = min(ratios, key=lambda r: r[2]) if ratios else None
     lines += ["", f"Measured on {'; '.join(sorted(gpus))}. best ÷ plan is the plan's throughput as a share of the "
               "best configuration timed beside it in interleaved rounds (1.000: the plan is the best).",
-              f"{len(met)} of {len(ratios)} cells ≥ {TARGET}"
-              + (f"; lowest {worst[2]:.3f} ({worst[0]} at {worst[1]} GiB)" if worst else "")
+              _cells_met(ratios, "")
               + f". Models the speed model was not fitted on: {', '.join(sorted(unseen)) or 'none'}. "
               f"Plans that did not run under their cap: {', '.join(not_run) or 'none'}."]
     if partial:
@@ -118,13 +123,10 @@ def calibrated_table(folder: Path) -> list[str]:
                          f"{b['contenders'][0]['median_step_s'] * 1e3:.1f} | {best['role']}: {_label(best['config'])} | "
                          f"{best['median_step_s'] * 1e3:.1f} | "
                          f"{', '.join(f'{r:.3f}' for r in b['ratio_per_repeat'])} | {b['ratio_of_medians']:.3f} |")
-    met = [r for r in ratios if r[2] >= TARGET]
-    worst = min(ratios, key=lambda r: r[2]) if ratios else None
     lines += ["", f"Measured on {'; '.join(sorted(gpus))}. Contenders: the calibrated plan, the CPU's roofline plan "
               "for the budget, and the fastest configurations the named sweep found running under the same cap, "
               "timed together in interleaved rounds; best ÷ plan is the plan's throughput as a share of the fastest.",
-              f"{len(met)} of {len(ratios)} cells ≥ {TARGET} (of the medians)"
-              + (f"; lowest {worst[2]:.3f} ({worst[0]} at {worst[1]} GiB)" if worst else "")
+              _cells_met(ratios, " (of the medians)")
               + f". Plans that did not run under their cap: {', '.join(not_run) or 'none'}."]
     return lines
 
