@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -373,10 +374,13 @@ def calibrated_stage(args: argparse.Namespace) -> None:
     the CPU's roofline plan for the same budget (``--plans``) and the fastest configurations an earlier sweep found
     running under the same cap (``--sweeps``: its capped checks decided which fit; the caps are that sweep's).
     ``--repeats`` builds every configuration anew each time. ``ratio`` = the fastest of them ÷ the calibrated
-    plan, per repeat and of the medians."""
+    plan, per repeat and of the medians. With ``--race`` (the default, as ``plan``'s on the GPU) the plan settles
+    the near-ties of its speed model by timing them (``memfit.plan.race``): what it timed is kept (``race``), and
+    its pick before the race is timed as a contender too."""
     import torch
 
     from memfit.estimate.gpus import detect_gpu
+    from memfit.plan.race import time_on_this_gpu
     from memfit.plan.search import plan
     from memfit.speed.model_choice import choose_speed_model
 
@@ -401,10 +405,19 @@ def calibrated_stage(args: argparse.Namespace) -> None:
             assert sweep_budget["budget_bytes"] == budget == roof_entry["budget_bytes"], (name, gib)
             cap = sweep_budget["cap_bytes"]
             row: dict = {"budget_bytes": budget, "cap_bytes": cap}
+            raced: list[tuple[list, list]] = []  # the near-ties the plan timed (``--race``), as it timed them
+            timer = time_on_this_gpu(w)
+
+            def racer(configs, timer=timer, raced=raced):  # noqa: ANN001, ANN202
+                times = timer(configs)
+                raced.append((list(configs), times))
+                return times
+
             started = time.perf_counter()
             try:
                 p = plan(w, budget_bytes=budget, effective_batch=eff, gpu=gpu,
-                         calibration=speed.calibration if speed.calibration is not None else "roofline")
+                         calibration=speed.calibration if speed.calibration is not None else "roofline",
+                         race=racer if args.race else False)
             except Exception as exc:  # a budget nothing fits: said, and the next budget planned
                 row["plan_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 budgets.append(row)
@@ -416,14 +429,24 @@ def calibrated_stage(args: argparse.Namespace) -> None:
                         "plan_context_bytes": p.chosen.device_bytes - p.chosen.fits_in_bytes,
                         "plan_predicted_step_s": p.chosen.step_time_s,
                         "plan_runs_under_cap": _plan_runs(name, pick, expandable, cap)})
+            if raced:
+                (field, times), = raced
+                row["race"] = [{"config": _pick({"plan": {"chosen": {"config": dataclasses.asdict(c)}}})[0],
+                                "predicted_step_s": next((f.step_time_s for f in [p.chosen, *p.frontier]
+                                                          if f.config == c), None),
+                                "race_step_s": t} for c, t in zip(field, times, strict=True)]
+                row["race_note"] = next((n for n in p.notes if "took the fastest measured" in n), None)
+            unraced = row["race"][0]["config"] if raced else None  # the speed model's own pick
             roof_pick = _pick(roof_entry)[0] if "plan" in roof_entry else None
             fitting = sorted((r for r in swept["rows"] if r["fits"][index] and r.get("time")),
                              key=lambda r: r["time"]["step_s"])
             contenders: dict[str, tuple[str, dict]] = {}  # by _key: the first role a configuration comes with
-            for role, config in [("calibrated plan", pick), *([("roofline plan", roof_pick)] if roof_pick else []),
+            for role, config in [("calibrated plan", pick),
+                                 *([("calibrated plan before the race", unraced)] if unraced else []),
+                                 *([("roofline plan", roof_pick)] if roof_pick else []),
                                  *(("sweep", r["config"]) for r in fitting)]:
                 contenders.setdefault(_key(config), (role, config))
-            timed = list(contenders.values())[:1 + args.top]
+            timed = list(contenders.values())[:1 + args.top + (unraced is not None and _key(unraced) != _key(pick))]
             repeats, medians, ratios, of_medians = _repeated(w, [c for _, c in timed], args.rounds, args.repeats)
             row.update({
                 "contenders": [{"role": role, "config": c, "step_s": [r[i] for r in repeats], "median_step_s": m}
@@ -442,6 +465,8 @@ def calibrated_stage(args: argparse.Namespace) -> None:
              "date": dt.date.today().isoformat(), "speed_model": speed.name, "speed_reason": speed.reason,
              "calibration_s": calibration_s, "sweep": sweeps[name], "roofline_plans": str(args.plans),
              "rounds": args.rounds, "repeats": args.repeats, "speed_fit_model": name in SPEED_FIT_MODELS,
+             "race": args.race,
+             "calibration": speed.calibration.to_dict() if speed.calibration is not None else None,
              "budgets": budgets}, indent=1))
 
 
@@ -539,6 +564,8 @@ def main() -> None:
     c.add_argument("--rounds", type=int, default=20)
     c.add_argument("--repeats", type=int, default=2)
     c.add_argument("--top", type=int, default=4, help="contenders timed beside the calibrated plan")
+    c.add_argument("--race", action=argparse.BooleanOptionalAction, default=True,
+                   help="let the plan settle its near-ties by timing them (plan()'s default on the GPU)")
     c.set_defaults(func=calibrated_stage)
     args = parser.parse_args()
     args.func(args)

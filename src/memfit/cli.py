@@ -358,9 +358,10 @@ def plan(
     patch: bool = typer.Option(False, "--patch", help="Search the input patch size (segmentation workloads)."),
     settle: Optional[bool] = typer.Option(
         None, "--settle/--no-settle",
-        help="With --patch: run a patch that only the upper bound keeps out (its best estimate fits) under the "
-        "budget's cap on this GPU, and take it if it runs (seconds each). Default: on when this machine has the "
-        "--gpu card."),
+        help="Decide on this GPU what the estimates cannot: with --patch, run a patch that only the upper bound "
+        "keeps out (its best estimate fits) under the budget's cap, and take it if it runs; without, time the "
+        "configurations the speed model predicts within 5 % of the fastest, and take the fastest measured "
+        "(seconds each). Default: on when this machine has the --gpu card."),
     calibrate: Optional[bool] = typer.Option(
         None, "--calibrate/--roofline",
         help="Speed model that ranks the configurations. Default: --calibrate when this machine has the --gpu card "
@@ -401,7 +402,8 @@ def plan(
 
             result = run_plan(w, budget_bytes=budget_bytes, effective_batch=effective_batch, gpu=spec, margin=margin,
                               allow_precision_change=allow_precision_change, calibration=calibration,
-                              allow_optimizer_state_change=allow_optimizer_state_change)
+                              allow_optimizer_state_change=allow_optimizer_state_change,
+                              race=_settle_here(settle, spec) if settle is not None else None)
         written = []
         if save is not None:
             written.append(str(result.save(save)))
@@ -423,8 +425,8 @@ def plan(
 
 
 def _settle_here(asked: bool | None, planned: GpuSpec) -> bool:
-    """Whether the patch search may run rungs on this machine's GPU: asked for (and there is one), or by default
-    when it is the card planned for."""
+    """Whether the plan may run configurations on this machine's GPU (patch rungs, near-ties): asked for (and there
+    is one), or by default when it is the card planned for."""
     from memfit.estimate.gpus import detect_gpu
     from memfit.speed.model_choice import same_card
 
@@ -432,7 +434,7 @@ def _settle_here(asked: bool | None, planned: GpuSpec) -> bool:
         return False
     here = detect_gpu()
     if asked and here is None:
-        _fail("--settle runs patches on this machine's GPU, and there is no CUDA GPU here. Drop --settle.")
+        _fail("--settle runs configurations on this machine's GPU, and there is no CUDA GPU here. Drop --settle.")
     return here is not None and (bool(asked) or same_card(planned, here))
 
 

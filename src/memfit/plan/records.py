@@ -146,6 +146,9 @@ class Candidate:
     """True: memory from an estimate of exactly this configuration; False: from the line through two others."""
     fits: bool
     """``device_bytes <= budget × (1 - margin)``."""
+    measured_step_s: float | None = None
+    """One optimizer step's seconds as timed on the GPU planned for, where the plan settled a near-tie of the speed
+    model by running the contenders (``memfit.plan.race``); None where nothing was timed."""
 
 
 @dataclass(frozen=True)

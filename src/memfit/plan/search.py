@@ -21,15 +21,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.errors import BudgetTooSmallError, MemfitError, UsageError
+from memfit.errors import BudgetTooSmallError, DeviceError, MemfitError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.bound import BASE_MARGIN, widening
-from memfit.estimate.gpus import GpuSpec, gpu_spec
+from memfit.estimate.gpus import GpuSpec, detect_gpu, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
 from memfit.plan.lanes import TraceLane, lane_is_useful
+from memfit.plan.race import Racer, time_on_this_gpu
+from memfit.plan.race import race as race_near_ties
 from memfit.plan.records import Candidate, Config, Plan
-from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
+from memfit.speed.model_choice import CalibrationChoice, choose_speed_model, same_card
 from memfit.speed.step_time import Calibration, PhaseCost, predict_step_time
 from memfit.units import format_bytes
 from memfit.workload.knobs import ModelFacts, checkpoint_choices, model_facts
@@ -368,6 +370,7 @@ def plan(
     calibration: CalibrationChoice = "auto",
     checkpoint_modes: tuple[CheckpointMode, ...] = DEFAULT_CHECKPOINT_MODES,
     allow_optimizer_state_change: bool = False,
+    race: bool | Racer | None = None,
 ) -> Plan:
     """The fastest configuration of ``workload`` that fits ``budget_bytes`` of device memory.
 
@@ -391,6 +394,11 @@ def plan(
             is estimated in each mode, and the speed model picks (``selective`` keeps more memory and recomputes
             less; ``reentrant`` keeps what ``full`` keeps with fewer hooks). Default: full and reentrant
             (``DEFAULT_CHECKPOINT_MODES``); add ``"selective"`` to try op-level checkpointing too.
+        race: settle a near-tie by timing (``memfit.plan.race``): the configurations verified to fit and predicted
+            within ``RACE_WITHIN`` of the pick (at most ``RACE_SIZE``) run a few steps each on this machine's GPU,
+            and the fastest measured is the plan. None (default): where the speed model is calibrated and this
+            machine's GPU is ``gpu``; True: on this machine's GPU (a ``DeviceError`` without one); False: never; a
+            ``Racer``: its timings.
 
     Raises:
         BudgetTooSmallError: nothing fits; the message gives the smallest configuration found and its need.
@@ -428,6 +436,15 @@ def plan(
                 chosen = candidate
         notes = [speed.reason, *search.notes, *notes]
         scored = [_score(search, models[s], c) for c in configs for s in (_structure(c)[0],)] + finer
+        racer = _racer(race, workload, spec, speed.name)
+        if chosen is not None and racer is not None:
+            chosen, timed, note = race_near_ties(
+                chosen, scored, rank=lambda c: _speed_key(c, workload.channels_last)[0],
+                verify=lambda config: verified(search, config), racer=racer)
+            if note:
+                notes.append(note)
+            again = {c.config for c in timed}
+            scored = [c for c in scored if c.config not in again] + timed
         if chosen is None:
             # every configuration of the search was estimated or ruled out: try the smallest with every optimizer
             # implementation and with every block checkpointed, before saying nothing fits
@@ -467,6 +484,21 @@ def plan(
         notes=notes,
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def _racer(race: bool | Racer | None, workload: Workload, planned: GpuSpec, speed_model: str) -> Racer | None:
+    """What settles near-ties (``plan(race=...)``): None where nothing is timed."""
+    if callable(race):
+        return race
+    if race is False:
+        return None
+    here = detect_gpu() if race or speed_model == "calibrated" else None
+    if race and here is None:
+        raise DeviceError("race=True times configurations on this machine's GPU, and there is no CUDA GPU here; "
+                          "pass race=False (or leave it None) to plan without timing.")
+    if here is None or not (race or same_card(planned, here)):
+        return None
+    return time_on_this_gpu(workload)
 
 
 def divisors(n: int) -> list[int]:
