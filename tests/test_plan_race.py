@@ -50,9 +50,9 @@ def test_the_contenders_are_the_near_ties_that_fit_fastest_first_and_the_fastest
     checked = dataclasses.replace(unverified, verified=True)
     verify_calls = []
 
-    def verify(config: Config) -> Candidate:
+    def verify(config: Config) -> Candidate:  # micro-batch 2 does not fit, with expandable segments or without
         verify_calls.append(config)
-        return checked
+        return dataclasses.replace(checked, config=config, fits=config.micro_batch != 2)
 
     timer = _Timer({chosen.config: 0.105, checked.config: 0.102, near.config: 0.098})
     best, timed, note = race(chosen, [too_slow, near, too_big, chosen, unverified], rank=_rank, verify=verify,
@@ -60,7 +60,7 @@ def test_the_contenders_are_the_near_ties_that_fit_fastest_first_and_the_fastest
     # the pick first, then the near-ties by predicted time; the one only the memory line scored estimated first;
     # none that does not fit, none predicted more than RACE_WITHIN slower
     assert timer.asked == [[chosen.config, unverified.config, near.config]]
-    assert verify_calls == [unverified.config]
+    assert verify_calls == [dataclasses.replace(too_big.config, expandable_segments=True), unverified.config]
     assert best.config == near.config and best.measured_step_s == pytest.approx(0.098)
     assert {c.config for c in timed} == {chosen.config, checked.config}
     assert all(c.measured_step_s is not None for c in timed)
@@ -73,8 +73,8 @@ def test_at_most_race_size_run_and_a_contender_that_does_not_fit_when_estimated_
     timer = _Timer({})
 
     def verify(config: Config) -> Candidate:  # the exact estimate of micro-batch 1 says it does not fit
-        c = next(o for o in others if o.config == config)
-        return dataclasses.replace(c, verified=True, fits=config.micro_batch != 1)
+        c = next(o for o in others if o.config.micro_batch == config.micro_batch)
+        return dataclasses.replace(c, config=config, verified=True, fits=config.micro_batch != 1)
 
     race(chosen, others, rank=_rank, verify=verify, racer=timer)
     (asked,) = timer.asked
@@ -157,3 +157,16 @@ def test_gpu_the_timer_runs_each_configuration_and_gives_its_step_time() -> None
     times = time_on_this_gpu(w)([small, whole])
     assert all(t is not None and 0 < t < 10 for t in times), times
     assert torch.cuda.memory_allocated() == before  # every build freed
+
+
+def test_a_contender_that_fits_only_with_expandable_segments_runs_with_them() -> None:
+    """GPT-2 at 9 GiB on an H100: the pick has expandable segments, and so must its near-tie in the other mode."""
+    chosen = _candidate(8, 100.0, expandable=True)
+    other = _candidate(8, 100.5, verified=False, mode="reentrant")
+
+    def verify(config: Config) -> Candidate:
+        return dataclasses.replace(other, config=config, verified=True, fits=config.expandable_segments)
+
+    timer = _Timer({})
+    race(chosen, [other], rank=_rank, verify=verify, racer=timer)
+    assert timer.asked == [[chosen.config, dataclasses.replace(other.config, expandable_segments=True)]]

@@ -395,7 +395,8 @@ def calibrated_stage(args: argparse.Namespace) -> None:
         w = _workload(name)
         _, _, eff, gibs = WORKLOADS[name]
         started = time.perf_counter()
-        speed = choose_speed_model(w, gpu, "auto", effective_batch=eff)
+        given = _given_calibration(args.calibration, name)
+        speed = choose_speed_model(w, gpu, given if given is not None else "auto", effective_batch=eff)
         calibration_s = time.perf_counter() - started
         print(f"{name}: {speed.reason} ({calibration_s:.1f} s)", flush=True)
         budgets = []
@@ -403,6 +404,8 @@ def calibrated_stage(args: argparse.Namespace) -> None:
                                                                     strict=True)):
             budget = int(gib * 2**30)
             assert sweep_budget["budget_bytes"] == budget == roof_entry["budget_bytes"], (name, gib)
+            if args.budgets and gib not in {float(b) for b in args.budgets.split(",")}:
+                continue
             cap = sweep_budget["cap_bytes"]
             row: dict = {"budget_bytes": budget, "cap_bytes": cap}
             raced: list[tuple[list, list]] = []  # the near-ties the plan timed (``--race``), as it timed them
@@ -468,6 +471,17 @@ def calibrated_stage(args: argparse.Namespace) -> None:
              "race": args.race,
              "calibration": speed.calibration.to_dict() if speed.calibration is not None else None,
              "budgets": budgets}, indent=1))
+
+
+def _given_calibration(path: str | None, name: str):  # noqa: ANN202 - a memfit Calibration, or None
+    """``--calibration``: a workload's calibration from an earlier run (``calibration_dump.py``'s file, or a
+    ``plan_calibrated_<workload>.json``), to plan with it instead of calibrating again."""
+    from memfit.speed.step_time import Calibration
+
+    if path is None:
+        return None
+    d = json.loads(Path(path).read_text())
+    return Calibration.from_dict(d["calibrations"][name]["calibration"] if "calibrations" in d else d["calibration"])
 
 
 def _load_plans(args: argparse.Namespace, name: str) -> dict | None:
@@ -564,6 +578,8 @@ def main() -> None:
     c.add_argument("--rounds", type=int, default=20)
     c.add_argument("--repeats", type=int, default=2)
     c.add_argument("--top", type=int, default=4, help="contenders timed beside the calibrated plan")
+    c.add_argument("--calibration", help="plan with this earlier calibration (a calibration_dump.py file)")
+    c.add_argument("--budgets", help="comma-separated GiB: only these of the workload's budgets")
     c.add_argument("--race", action=argparse.BooleanOptionalAction, default=True,
                    help="let the plan settle its near-ties by timing them (plan()'s default on the GPU)")
     c.set_defaults(func=calibrated_stage)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from memfit.guard.oom import is_oom
 from memfit.plan.records import Candidate, Config
@@ -49,9 +49,15 @@ TIMED_STEPS = 3
 
 def time_on_this_gpu(workload: Workload, device: str = "cuda") -> Racer:
     """A ``Racer`` that runs each configuration of ``workload`` on ``device``: built, ``WARMUP_STEPS`` steps, then
-    ``TIMED_STEPS`` steps timed with CUDA events (the protocol ``TrainStep`` runs: every micro-batch of a step, the
-    optimizer, no host sync inside a step). The contenders run in turn, twice, in opposite orders, each built anew
-    and freed before the next, so they never share the GPU's memory and a drift of the card's speed falls on all."""
+    ``TIMED_STEPS`` steps timed on the host clock (the protocol ``TrainStep`` runs: every micro-batch of a step, the
+    optimizer). Each micro-batch starts from an idle GPU (a host sync before it), as the speed model's phases and
+    the sweeps' timings do, and as a loop that reads each micro-batch's loss (``loss.item()``) runs: the host work
+    of a configuration shows in full. Without the syncs the host can run ahead and hide it: GPT-2 at 9 GiB on an
+    H100, 6 blocks checkpointed non-reentrant against reentrant, ran 181.6 against 182.3 ms a step without them and
+    213.1 against 201.4 ms with one before each micro-batch
+    (``benchmarks/results/plan/plan_race_h100_torch2.11_20261128``). The contenders run in turn, twice, in opposite
+    orders, each built anew and freed before the next, so they never share the GPU's memory and a drift of the
+    card's speed falls on all."""
 
     def racer(configs: Sequence[Config]) -> list[float | None]:
         import torch
@@ -84,13 +90,14 @@ def _step_seconds(workload: Workload, device: str) -> list[float]:
     """The seconds of each timed optimizer step of ``workload`` on ``device`` (one build)."""
     import torch
 
-    starts: list[Any] = []
+    marks: list[float] = []
 
     def mark(name: str, step: int) -> None:
-        if name in ("zero_grad", "end") and step >= WARMUP_STEPS:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            starts.append(event)
+        if name == "forward":
+            torch.cuda.synchronize(device)  # each micro-batch from an idle GPU
+        elif name in ("zero_grad", "end") and step >= WARMUP_STEPS:
+            torch.cuda.synchronize(device)
+            marks.append(time.perf_counter())
 
     model, optimizer, batch = build(workload, device)
     scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
@@ -98,9 +105,8 @@ def _step_seconds(workload: Workload, device: str) -> list[float]:
         # fp16: past a fresh GradScaler's skipped steps, whose optimizer does nothing
         run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler,
                   steps=WARMUP_STEPS + TIMED_STEPS, phase=mark, settle_scaler=True)
-        torch.cuda.synchronize(device)
         # the last TIMED_STEPS steps: the ones the scaler's extra steps, if any, pushed past the warm-up
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(starts[:-1], starts[1:])][-TIMED_STEPS:]
+        return [b - a for a, b in zip(marks[:-1], marks[1:])][-TIMED_STEPS:]
     finally:
         del model, optimizer, batch
 
@@ -111,10 +117,11 @@ def race(chosen: Candidate, candidates: Sequence[Candidate], *, rank: Callable[[
     (None when there was nothing to race).
 
     Contenders: the other configurations of ``candidates`` that ``rank`` (the walk's: the predicted step time, a
-    change of memory format charged) puts within ``RACE_WITHIN`` of ``chosen``, fastest first, at most ``RACE_SIZE`` with ``chosen``. One the walk only scored on its memory
-    line is estimated exactly first (``verify``) and left out unless it fits: every configuration that runs here
-    is one the plan could have picked. Expandable segments are the allocator's: they change memory, not speed, and
-    this process's allocator keeps the setting it started with.
+    change of memory format charged) puts within ``RACE_WITHIN`` of ``chosen``, fastest first, at most
+    ``RACE_SIZE`` with ``chosen``. One the walk only scored on its memory line is estimated exactly first
+    (``verify``), then with expandable segments where it does not fit without, and is left out unless it fits:
+    every configuration that runs here is one the plan could have picked. Expandable segments are the allocator's:
+    they change memory, not speed, and this process's allocator keeps the setting it started with.
     """
     if chosen.step_time_s is None:  # no speed model: nothing is a near-tie
         return chosen, [], None
@@ -124,10 +131,14 @@ def race(chosen: Candidate, candidates: Sequence[Candidate], *, rank: Callable[[
     for c in sorted((c for c in candidates if c.step_time_s is not None and rank(c) <= limit), key=rank):
         if len(near) + 1 >= RACE_SIZE:
             break
-        if _plain(c.config) in seen or (c.verified and not c.fits):
+        if _plain(c.config) in seen:
             continue
         seen.add(_plain(c.config))
         c = c if c.verified else verify(c.config)
+        if not c.fits and not c.config.expandable_segments:
+            # as the walk does: where fragmentation is the gap, expandable segments may make it fit (GPT-2's plan
+            # at 9 GiB on an H100 has them, and so does its near-tie in the other checkpoint mode)
+            c = verify(dataclasses.replace(c.config, expandable_segments=True))
         if c.fits:
             near.append(c)
     if not near:
