@@ -187,6 +187,8 @@ def test_plan_json_is_the_plan():
         (("plan", "mlp", "--budget", "2GiB", "--patch"), "mlp has no patch_size"),
         pytest.param(("plan", "unet3d", "--budget", "8GB", "--patch", "--settle"), "there is no CUDA GPU here",
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU to settle on")),
+        pytest.param(("plan", "mlp", "--budget", "8GB", "--settle"), "there is no CUDA GPU here",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU to settle on")),
     ],
 )
 def test_plan_impossible_budget_or_bad_input_is_one_line_and_exit_2(args, message):  # noqa: ANN001
