@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 from collections.abc import Sequence
 
 import pytest
@@ -170,3 +171,20 @@ def test_a_contender_that_fits_only_with_expandable_segments_runs_with_them() ->
     timer = _Timer({})
     race(chosen, [other], rank=_rank, verify=verify, racer=timer)
     assert timer.asked == [[chosen.config, dataclasses.replace(other.config, expandable_segments=True)]]
+
+
+def test_the_terminal_says_what_the_pick_ran_in_and_the_json_keeps_it() -> None:
+    from rich.console import Console
+
+    from conftest import small_plan
+    from memfit.plan.records import Plan
+    from memfit.report.terminal import render_plan
+
+    p = small_plan()
+    raced = dataclasses.replace(p, chosen=dataclasses.replace(p.chosen, measured_step_s=0.0874))
+    console = Console(record=True, width=200)
+    render_plan(raced, console)
+    assert "ran 87 ms per optimizer step on this GPU" in console.export_text()
+    render_plan(p, console := Console(record=True, width=200))
+    assert "ran " not in console.export_text()
+    assert Plan.from_dict(json.loads(raced.to_json())).chosen.measured_step_s == 0.0874

@@ -229,6 +229,9 @@ def render_plan(p: Plan, console: Console) -> None:
     if c.step_time_s is not None:
         lines.append(f"predicted {c.step_time_s * 1e3:.0f} ms per optimizer step, {c.samples_per_s:.1f} samples/s "
                      f"({p.speed_model} speed model)")
+    if c.measured_step_s is not None:
+        lines.append(f"ran {c.measured_step_s * 1e3:.0f} ms per optimizer step on this GPU, the fastest of the "
+                     "near-ties timed (see the notes)")
     console.print(Panel("\n".join(lines), title=f"plan for {p.workload} on {p.gpu}", expand=False))
     t = Table(title="Frontier: no other configuration is both smaller and faster", title_justify="left")
     for col in ("micro × acc", "checkpoint", "optimizer", "format", "needs", "ms/step", "samples/s", "memory from"):
