@@ -450,19 +450,7 @@ def plan(
             # implementation and with every block checkpointed, before saying nothing fits
             chosen, smallest = _smallest_exactly(search, structures)
             if chosen is None:
-                raise BudgetTooSmallError(
-                    f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(limit)}): "
-                    f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
-                    f"({smallest.config.label()}: the least of {len(search.estimates)} configurations estimated "
-                    "exactly, micro-batch 1 and full checkpointing with every optimizer implementation among them). "
-                    "Try a budget of at least "
-                    f"{format_bytes(math.ceil(smallest.device_bytes / (1 - margin)))}, a larger GPU, "
-                    + ("--allow-precision-change, " if not allow_precision_change and workload.precision == "fp32"
-                       else "")
-                    + ("--allow-optimizer-state-change, " if not allow_optimizer_state_change
-                       and search.facts is not None and len(search.facts.optimizer_states) > 1 else "")
-                    + "sharding across GPUs, or a smaller model or input."
-                )
+                raise _nothing_fits(search, smallest, budget_bytes, margin)
             notes.append(f"only {chosen.config.label()} fits, found by estimating the smallest configurations exactly")
     if chosen.config.optimizer_state != workload.optimizer_state:
         notes.append({"8bit": "Adam's states are torchao's 8-bit ones (AdamW8bit): numerics change slightly",
@@ -532,9 +520,11 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     found = [verified(search, c) for c in configs]
     smallest = min(found, key=lambda c: c.device_bytes)
     impls = ["default", *(facts.optimizer_impls if facts is not None else ())]
-    for other in dict.fromkeys(impls if smallest.config.optimizer_state == "full" else ()):
-        if other != smallest.config.optimizer_impl:
-            found.append(verified(search, dataclasses.replace(smallest.config, optimizer_impl=other)))
+    others = [dataclasses.replace(smallest.config, optimizer_impl=other)
+              for other in dict.fromkeys(impls if smallest.config.optimizer_state == "full" else ())
+              if other != smallest.config.optimizer_impl]
+    search.guess(others)  # the lane traces the second while this process traces the first
+    found += [verified(search, c) for c in others]
     if not search.allocator.expandable_segments:
         # each with expandable segments too: where fragmentation is the gap that fits, and where nothing does, the
         # least of them is the need the error reports
@@ -545,6 +535,31 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
         return min(fitting, key=lambda c: (c.step_time_s if c.step_time_s is not None else float("inf"),
                                            c.device_bytes)), smallest
     return None, min(found, key=lambda c: c.device_bytes)
+
+
+def _nothing_fits(search: Search, smallest: Candidate, budget_bytes: int, margin: float) -> BudgetTooSmallError:
+    """The error of a plan that found nothing to fit: the smallest configuration estimated, and what to try."""
+    w, facts = search.workload, search.facts
+    return BudgetTooSmallError(
+        f"nothing fits {format_bytes(budget_bytes)} (with the {margin:.0%} margin: {format_bytes(search.limit_bytes)}): "
+        f"the smallest configuration found needs {format_bytes(smallest.device_bytes)} "
+        f"({smallest.config.label()}: the least of {len(search.estimates)} configurations estimated "
+        "exactly, micro-batch 1 and full checkpointing with every optimizer implementation among them). "
+        "Try a budget of at least "
+        f"{format_bytes(math.ceil(smallest.device_bytes / (1 - margin)))}, a larger GPU, "
+        + ("--allow-precision-change, " if not search.allow_precision_change and w.precision == "fp32" else "")
+        + ("--allow-optimizer-state-change, " if not search.allow_optimizer_state_change
+           and facts is not None and len(facts.optimizer_states) > 1 else "")
+        + "sharding across GPUs, or a smaller model or input."
+    )
+
+
+def _fastest_impl(w: Workload, facts: ModelFacts) -> OptimizerImpl:
+    """The optimizer implementation the search gives every structure: fused where the optimizer has it (no
+    temporaries, the fewest kernel launches: it dominates foreach and the for-loop), else the workload's."""
+    if w.optimizer_impl in ("default", "foreach") and "fused" in facts.optimizer_impls:
+        return "fused"
+    return w.optimizer_impl
 
 
 def check_budget(budget_bytes: int, margin: float) -> None:
@@ -569,9 +584,7 @@ def _memory_models(search: Search) -> tuple[list[_Structure], dict[_Structure, _
     """
     w, eff = search.workload, search.effective
     facts = search.facts = model_facts(w)
-    opt: OptimizerImpl = w.optimizer_impl
-    if opt in ("default", "foreach") and "fused" in facts.optimizer_impls:
-        opt = "fused"
+    opt = _fastest_impl(w, facts)
     precisions: list[Precision] = [w.precision] + (["bf16"] if search.allow_precision_change and w.precision == "fp32" else [])
     formats = [w.channels_last] + ([True] if facts.has_conv and not w.channels_last else [])
     b_lo = 1
