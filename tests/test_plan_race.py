@@ -188,3 +188,21 @@ def test_the_terminal_says_what_the_pick_ran_in_and_the_json_keeps_it() -> None:
     render_plan(p, console := Console(record=True, width=200))
     assert "ran " not in console.export_text()
     assert Plan.from_dict(json.loads(raced.to_json())).chosen.measured_step_s == 0.0874
+
+
+@pytest.mark.gpu
+def test_gpu_a_plan_that_races_takes_a_configuration_it_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end on the card: a window wide enough to hold several configurations, and the plan is one of them,
+    timed here, and the fastest of those timed."""
+    from memfit.estimate.gpus import detect_gpu
+
+    monkeypatch.setattr(importlib.import_module("memfit.plan.race"), "RACE_WITHIN", 1.0)
+    w = plan_unet()
+    gpu = detect_gpu()
+    biggest = estimate(w.replace(keep_output=False), gpu=gpu).device_upper_bytes
+    smallest = estimate(w.replace(batch_size=1, accumulation_steps=8, keep_output=False), gpu=gpu).device_upper_bytes
+    p = plan(w, budget_bytes=(smallest + biggest) // 2, gpu=gpu, calibration="roofline", race=True)
+    timed = [c for c in [p.chosen, *p.frontier] if c.measured_step_s is not None]
+    assert p.chosen.measured_step_s is not None and p.chosen.measured_step_s > 0
+    assert p.chosen.measured_step_s == min(c.measured_step_s for c in timed)  # type: ignore[type-var]
+    assert any("took the fastest measured" in n for n in p.notes)
