@@ -104,7 +104,7 @@ def per_rank_choice(world_size: int) -> CalibrationChoice:
     """What a rank of a data-parallel job that plans for itself (the integrations) should ask for: ``"auto"``
     alone, ``"roofline"`` with several ranks. Timings differ from rank to rank, so calibrated plans could differ
     (another micro-batch or accumulation on one rank, and the ranks' collectives no longer match); the roofline
-    gives every rank the same plan."""
+    gives every rank the same plan (and, not being calibrated, settles no near-tie by timing it: ``plan(race=None)``)."""
     return "auto" if world_size <= 1 else "roofline"
 
 
