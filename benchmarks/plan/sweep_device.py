@@ -194,7 +194,11 @@ def _capped_run(name: str, config: dict, cap: int) -> bool:  # in the worker
 
 def _pick(entry: dict) -> tuple[dict, bool]:
     """A plan's configuration as the sweep's rows name them, and whether it turns expandable segments on."""
-    chosen = entry["plan"]["chosen"]["config"]
+    return _as_row(entry["plan"]["chosen"]["config"])
+
+
+def _as_row(chosen: dict) -> tuple[dict, bool]:
+    """A ``Config`` (as a dict) as the sweep's rows name it, and whether it turns expandable segments on."""
     return ({"batch_size": chosen["micro_batch"], "accumulation_steps": chosen["accumulation_steps"],
              "checkpoint": chosen["checkpoint"], "optimizer_impl": chosen["optimizer_impl"],
              "channels_last": chosen["channels_last"], "checkpoint_mode": chosen.get("checkpoint_mode", "full"),
@@ -434,7 +438,7 @@ def calibrated_stage(args: argparse.Namespace) -> None:
                         "plan_runs_under_cap": _plan_runs(name, pick, expandable, cap)})
             if raced:
                 (field, times), = raced
-                row["race"] = [{"config": _pick({"plan": {"chosen": {"config": dataclasses.asdict(c)}}})[0],
+                row["race"] = [{"config": _as_row(dataclasses.asdict(c))[0],
                                 "predicted_step_s": next((f.step_time_s for f in [p.chosen, *p.frontier]
                                                           if f.config == c), None),
                                 "race_step_s": t} for c, t in zip(field, times, strict=True)]

@@ -21,7 +21,7 @@ from memfit._io import atomic_open
 from memfit.errors import DeviceError
 from memfit.records import JsonRecord
 from memfit.workload.loading import load_workload
-from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
+from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps_on_cuda
 
 SCHEMA = 1
 TRIAL_MODULE = "memfit.estimate.measure"
@@ -234,10 +234,8 @@ def _trial_main(argv: list[str] | None = None) -> None:
     ok, error = True, ""
     try:
         model, optimizer, batch = build(workload, "cuda")
-        scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
         # fp16: until the optimizer really stepped (a fresh GradScaler skips it while its scale overflows)
-        run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=args.steps,
-                  settle_scaler=True)
+        run_steps_on_cuda(workload, model, optimizer, batch, steps=args.steps)
         torch.cuda.synchronize()
     except torch.OutOfMemoryError as exc:
         ok, error = False, str(exc).splitlines()[0]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from memfit.guard.oom import is_oom
 from memfit.plan.records import Candidate, Config
-from memfit.workload.protocol import build, run_steps
+from memfit.workload.protocol import build, run_steps_on_cuda
 from memfit.workload.spec import Workload
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,9 @@ def _step_seconds(workload: Workload, device: str) -> list[float]:
             marks.append(time.perf_counter())
 
     model, optimizer, batch = build(workload, device)
-    scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
     try:
         # fp16: past a fresh GradScaler's skipped steps, whose optimizer does nothing
-        run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler,
-                  steps=WARMUP_STEPS + TIMED_STEPS, phase=mark, settle_scaler=True)
+        run_steps_on_cuda(workload, model, optimizer, batch, steps=WARMUP_STEPS + TIMED_STEPS, phase=mark)
         # the last TIMED_STEPS steps: the ones the scaler's extra steps, if any, pushed past the warm-up
         return [b - a for a, b in zip(marks[:-1], marks[1:])][-TIMED_STEPS:]
     finally:

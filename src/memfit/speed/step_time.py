@@ -38,7 +38,7 @@ from memfit.estimate.op_costs import PhaseCost, StepCost
 from memfit.estimate.trace import trace_workload
 from memfit.guard.oom import is_oom
 from memfit.records import JsonRecord
-from memfit.workload.protocol import build, run_steps
+from memfit.workload.protocol import build, run_steps_on_cuda
 from memfit.workload.spec import Workload
 
 log = logging.getLogger(__name__)
@@ -540,12 +540,9 @@ def _time_phases(workload: Workload, device: str, *, warmup: int, repeats: int) 
             events[(step, name)] = event
 
     model, optimizer, batch = build(workload, device)
-    scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
-    steps = warmup + repeats
     try:
         # fp16: past the fresh GradScaler's skipped steps, whose optimizer does nothing
-        steps = run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=steps,
-                          phase=mark, settle_scaler=True)
+        steps = run_steps_on_cuda(workload, model, optimizer, batch, steps=warmup + repeats, phase=mark)
         torch.cuda.synchronize(device)
         times: list[tuple[float, float, float]] = []
         for s in range(steps - repeats, steps):

@@ -187,3 +187,14 @@ def run_steps(
     phase("end", total)
     held.clear()  # after the last step: nothing the trace counts
     return total
+
+
+def run_steps_on_cuda(
+    workload: Workload, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, *, steps: int,
+    phase: PhaseCallback = _no_phase,
+) -> int:
+    """``run_steps`` on a CUDA device as memfit measures and times it: fp16 through a fresh ``GradScaler``, run past
+    its skipped steps until the optimizer really stepped (``settle_scaler``). Returns the steps run."""
+    scaler = torch.amp.GradScaler("cuda") if workload.precision == "fp16" else None
+    return run_steps(workload, model, optimizer, batch, autocast_device="cuda", scaler=scaler, steps=steps,
+                     phase=phase, settle_scaler=True)
