@@ -107,3 +107,25 @@ def test_checkpoint_choices_take_the_heaviest_blocks_and_the_earliest_of_one_siz
     assert checkpoint_choices(unequal, blocks) == [("blocks.4", "blocks.5"), tuple(blocks)]
     # the fewest blocks holding three quarters, of one size: the first five
     assert checkpoint_choices(same, blocks, (0.75,)) == [tuple(blocks[:5]), tuple(blocks)]
+
+
+def test_default_impl_on_cuda_is_what_torch_picks_for_the_optimizer_as_built():
+    from memfit.workload.knobs import default_impl_on_cuda, model_facts
+    from memfit.workload.spec import Workload
+
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert default_impl_on_cuda(torch.optim.AdamW(p)) == "foreach"  # neither flag set: torch's choice on CUDA
+    assert default_impl_on_cuda(torch.optim.SGD(p, lr=0.1, foreach=False)) == "for-loop"
+    assert default_impl_on_cuda(torch.optim.Adam(p, fused=True)) == "fused"
+    mixed = torch.optim.SGD([{"params": p[:1], "foreach": False}, {"params": [torch.nn.Parameter(torch.zeros(1))]}],
+                            lr=0.1)
+    assert default_impl_on_cuda(mixed) is None  # groups that differ
+
+    class Mine(torch.optim.SGD):  # another library's optimizer: its flags may mean something else
+        pass
+
+    assert default_impl_on_cuda(Mine(p, lr=0.1)) is None
+    w = Workload(name="t", model=lambda: torch.nn.Linear(2, 2), batch=lambda n: (torch.randn(n, 2), torch.randn(n, 2)),
+                 loss=lambda out, b: out.sum(), optimizer=lambda q: torch.optim.SGD(q, lr=0.1, foreach=False),
+                 batch_size=2)
+    assert model_facts(w).default_impl == "for-loop"

@@ -171,6 +171,11 @@ def test_nothing_fits_only_after_the_smallest_of_every_structure_was_estimated(g
         assert s.config(1, EFF) in estimated, s
         if s.checkpoint in ((), every_block) and s.checkpoint_mode == "full" and not s.channels_last:
             assert s.config(EFF, EFF) in estimated, s
+    # with every optimizer implementation; "default" runs foreach for this AdamW on the GPU: estimated once
+    assert {c.optimizer_impl for c in estimated} >= {"fused", "for-loop"}
+    assert {"default", "foreach"} & {c.optimizer_impl for c in estimated}
+    for c in estimated:
+        assert c.optimizer_impl != "default" or dataclasses.replace(c, optimizer_impl="foreach") not in estimated
     assert "Try a budget of at least" in str(err.value)
 
 
@@ -266,6 +271,26 @@ def test_need_floor_is_the_required_peak_widened_by_the_bounds_margin_plus_the_l
     calls_cublas = _Structure("fp32", optimizer_impl="fused").config(1, EFF)  # the same stream, with cuBLAS's handles
     search.traces[calls_cublas] = dataclasses.replace(trace, uses_cublas=True)
     assert search.need_floor(calls_cublas) - search.need_floor(config) == gpu_spec("h100").cublas_context_bytes
+
+
+def test_need_floor_widens_by_the_reasons_every_trace_of_the_op_sequence_records():
+    """Worked by hand: the same 160 MiB peak, with reentrant checkpointing of convolutions (recorded by any trace
+    of these ops) and a value-dependent branch (which another batch size may not take) among the trace's reasons:
+    the floor adds reentrant checkpointing's width to the base margin, and not the branch's."""
+    from memfit.estimate.bound import BASE_MARGIN, WIDTHS
+    from memfit.estimate.trace import Alloc, Trace
+
+    MiB = 1 << 20
+    trace = Trace(allocs=[Alloc(n * MiB, "op", "", "forward", 0, (), "uint8", "activations") for n in (100, 60)])
+    for op, key in [(1, 0), (1, 1), (-1, 1), (-1, 0)]:
+        trace.ops.append(op)
+        trace.keys.append(key)
+    trace.uncertain.update(reentrant_checkpoint="layer1: a convolution recomputed", value_branch="model.py:3")
+    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
+    config = _Structure("fp32").config(1, EFF)
+    search.traces[config] = trace
+    widen = BASE_MARGIN + WIDTHS["reentrant_checkpoint"]
+    assert search.need_floor(config) == int(160 * MiB * (1 + widen)) + gpu_spec("h100").context_bytes(False)
 
 # ------------------------------------------------------------------------------------ margin, fragmentation
 

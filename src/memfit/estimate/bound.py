@@ -19,6 +19,7 @@ The corpus's *validation* half, which tuned nothing, judges them (``corpus_accur
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,6 +117,20 @@ def upper_bound(replayed_bytes: int, reasons: dict[UncertaintyReason, str],
     widen, added = widening(found)
     bound = -(-(int(replayed_bytes * (1 + widen)) + added) // _SEGMENT) * _SEGMENT
     return bound, found
+
+
+STRUCTURAL: frozenset[UncertaintyReason] = frozenset(
+    {"rnn_kernel", "reentrant_checkpoint", "sparse_data", "compiled", "optimizer_state_rule"})
+"""The reasons a trace records from its ops and modules alone (an RNN module, a convolution recomputed by reentrant
+checkpointing, a sparse tensor, a compiled module, torchao's 8-bit states), never from sizes or values: every trace
+of the same op sequence records them, at any batch size. The planner's floors widen by them
+(``memfit.plan.search.Search.need_floor``)."""
+
+
+def structural_widening(reasons: Iterable[UncertaintyReason]) -> float:
+    """The part of ``widening``'s fraction that every trace of the same op sequence shares, for the reasons a trace
+    recorded: the base margin and the ``STRUCTURAL`` reasons' widths."""
+    return BASE_MARGIN + sum(WIDTHS[r] for r in set(reasons) if r in STRUCTURAL)
 
 
 def widening(found: list[Uncertainty]) -> tuple[float, int]:

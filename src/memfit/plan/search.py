@@ -23,7 +23,7 @@ from typing import Any
 
 from memfit.errors import BudgetTooSmallError, DeviceError, MemfitError, UsageError
 from memfit.estimate.allocator import AllocatorConfig
-from memfit.estimate.bound import BASE_MARGIN, widening
+from memfit.estimate.bound import BASE_SLACK_BYTES, structural_widening, widening
 from memfit.estimate.gpus import GpuSpec, detect_gpu, gpu_spec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.estimate.trace import trace_workload
@@ -203,21 +203,32 @@ class Search:
         Why it is safe: with the same op sequence, a larger micro-batch (or patch) makes every tensor at least as
         large, so the bytes requested and alive after every allocation, and their peak, are at least ``config``'s.
         The allocator gives each request a block at least as large, in either segment mode, so the replayed cap is
-        never below that peak; "fits" is decided with the upper bound, which is the replayed cap widened by at
-        least the base margin (``memfit.estimate.bound.upper_bound``: the reasons' widths, slack and bytes only add),
-        plus the CUDA context, which holds cuBLAS's handles where the ops call cuBLAS, as ``config``'s do. The floor
-        is that peak widened by the base margin, plus that context. Optional allocations (a cuDNN workspace that may
-        fail and fall back) are not counted. It assumes the traced op sequence does not depend on the batch size
-        (no branch on ``x.shape[0]``); another structure (a checkpoint mode, a precision) runs other ops and is not
-        compared. With the least context and the peak unwidened instead, ResNet-50's plan at 1.2 GiB (effective
-        batch 64), where only micro-batch 1 fits, settled every structure rung by rung: 59 traces.
+        never below that peak; "fits" is decided with the upper bound, which is the replayed cap widened by the
+        base margin and the width of each reason its trace recorded, plus the base slack and the reasons' bytes
+        (``memfit.estimate.bound.upper_bound``), plus the CUDA context, which holds cuBLAS's handles where the ops
+        call cuBLAS, as ``config``'s do. The same op sequence records the same ``STRUCTURAL`` reasons (reentrant
+        checkpointing of convolutions, an RNN); the others, and every reason's bytes, may come and go with sizes,
+        and only add. The floor is that peak widened by the base margin and ``config``'s structural reasons, plus the
+        base slack and that context. Optional allocations (a cuDNN workspace that may fail and fall back) are not
+        counted. It assumes the traced op sequence does not depend on the batch size (no branch on
+        ``x.shape[0]``); another structure (a checkpoint mode, a precision) runs other ops and is not compared.
+        With the least context and the peak unwidened instead, ResNet-50's plan at 1.2 GiB (effective batch 64),
+        where only micro-batch 1 fits, settled every structure rung by rung: 59 traces; with the base margin and
+        not the structural widths, 33 (its reentrant structures' micro-batch 2 and 4 estimated, though reentrant
+        checkpointing's width already put micro-batch 1's floor over the budget).
 
         ``bound=False``: a floor for the best estimate (``device_bytes``) instead, for a search that may take a
         configuration whose best estimate fits (``plan_patch`` settling rungs on the GPU): the peak unwidened, as
         ``fits_in`` is the replayed cap widened by less than the bound's margin.
         """
         peak = self.required_peak(config)
-        return (int(peak * (1 + BASE_MARGIN)) if bound else peak) + self.context_of(config)
+        if not bound:
+            return peak + self.context_of(config)
+        return self._widened(config, peak) + self.context_of(config)
+
+    def _widened(self, config: Config, peak: int) -> int:
+        """``peak`` widened as every upper bound of ``config``'s op sequence is at least (``need_floor``)."""
+        return int(peak * (1 + structural_widening(self._trace_of(config).uncertain))) + BASE_SLACK_BYTES
 
     def _trace_of(self, config: Config) -> Any:
         """The trace ``config`` was estimated from (expandable segments do not change it)."""
@@ -253,7 +264,7 @@ class Search:
             # a step of one micro-batch has no window without the grads alive: no floor from it
             begin, end = (starts[0], starts[1]) if len(starts) > 1 else (0, 0)
             self._window_peaks[id(trace)] = max(0, _required_peak(trace.events(), begin, end) - WHOLE_BATCH_SLACK)
-        return int(self._window_peaks[id(trace)] * (1 + BASE_MARGIN)) + self.context_of(config)
+        return self._widened(config, self._window_peaks[id(trace)]) + self.context_of(config)
 
     def step_time(self, config: Config) -> float | None:
         """Predicted optimizer-step time of ``config``, monotone by construction: never below the prediction for a
@@ -520,9 +531,16 @@ def _smallest_exactly(search: Search, structures: list[_Structure]) -> tuple[Can
     found = [verified(search, c) for c in configs]
     smallest = min(found, key=lambda c: c.device_bytes)
     impls = ["default", *(facts.optimizer_impls if facts is not None else ())]
-    others = [dataclasses.replace(smallest.config, optimizer_impl=other)
-              for other in dict.fromkeys(impls if smallest.config.optimizer_state == "full" else ())
-              if other != smallest.config.optimizer_impl]
+
+    def runs(impl: OptimizerImpl) -> OptimizerImpl:  # "default" is one of the others where memfit can tell which
+        return facts.default_impl if impl == "default" and facts is not None and facts.default_impl else impl
+
+    tried = {runs(smallest.config.optimizer_impl)}
+    others = []
+    for other in impls if smallest.config.optimizer_state == "full" else ():
+        if runs(other) not in tried:
+            tried.add(runs(other))
+            others.append(dataclasses.replace(smallest.config, optimizer_impl=other))
     search.guess(others)  # the lane traces the second while this process traces the first
     found += [verified(search, c) for c in others]
     if not search.allocator.expandable_segments:

@@ -221,6 +221,22 @@ def optimizer_impls_for(optimizer: torch.optim.Optimizer) -> list[OptimizerImpl]
     return [i for i in ("foreach", "for-loop", "fused") if ("fused" if i == "fused" else "foreach") in accepted]
 
 
+def default_impl_on_cuda(optimizer: torch.optim.Optimizer) -> OptimizerImpl | None:
+    """The implementation a ``torch.optim`` optimizer left as the user built it runs on CUDA parameters: fused or
+    for-loop where every group asks for it, else foreach, torch's choice where neither flag is set
+    (``torch.optim.optimizer._default_to_fused_or_foreach``; the trace makes the same choice,
+    ``memfit.estimate.trace._cuda_default_optimizer``). None where memfit cannot tell: another library's optimizer,
+    groups that differ, a differentiable optimizer."""
+    if not type(optimizer).__module__.startswith("torch.optim."):
+        return None
+    found = set()
+    for group in optimizer.param_groups:
+        if group.get("differentiable"):
+            return None
+        found.add("fused" if group.get("fused") else "for-loop" if group.get("foreach") is False else "foreach")
+    return found.pop() if len(found) == 1 else None  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What the fixes and the planner need to know about a model: which knobs apply to it."""
@@ -233,6 +249,8 @@ class ModelFacts:
     """The output layer's width where the chunked cross-entropy can be swapped in (an HF-shaped causal LM)."""
     optimizer_states: tuple[OptimizerState, ...] = ("full",)
     """The ``Workload.optimizer_state`` values the optimizer takes: all three for Adam/AdamW."""
+    default_impl: OptimizerImpl | None = None
+    """What ``optimizer_impl="default"`` runs on the GPU (``default_impl_on_cuda``); None where memfit cannot tell."""
 
     @property
     def loss_impls(self) -> tuple[LossImpl, ...]:
@@ -247,6 +265,7 @@ def model_facts(workload: Workload) -> ModelFacts:
             model = workload.model()
             optimizer = workload.optimizer(model.parameters())
             impls = tuple(optimizer_impls_for(optimizer))
+            default = default_impl_on_cuda(optimizer) if impls else None
             states = optimizer_states_for(optimizer)
             head = output_head(model)
     except Exception:  # a factory that cannot build on meta: offer only the fixes that need no model facts
@@ -261,4 +280,5 @@ def model_facts(workload: Workload) -> ModelFacts:
         optimizer_impls=impls,
         output_vocab=None if head is None else head.out_features,
         optimizer_states=states,
+        default_impl=default,
     )
