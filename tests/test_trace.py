@@ -9,7 +9,8 @@ from torch.utils._pytree import tree_flatten
 
 from memfit import Workload
 from memfit.estimate.gpus import gpu_spec
-from memfit.estimate.trace import _output_tensors, trace_workload
+from memfit.estimate.trace import trace_workload
+from memfit.estimate.trace_record import output_tensors
 
 MiB = 1 << 20
 GPU = gpu_spec("h100")
@@ -515,7 +516,7 @@ def test_cuda_runs_flash_on_padded_heads_that_are_not_a_multiple_of_8():
 
 @pytest.mark.gpu
 def test_cuda_fused_attention_gradients_have_their_inputs_strides():
-    # what the trace's half-precision attention assumes (trace._cuda_attention_grads): CUDA's fused backward (flash,
+    # what the trace's half-precision attention assumes (kernel_scratch.cuda_attention_grads): CUDA's fused backward (flash,
     # or cuDNN's) returns each gradient with its input's strides, here nn.MultiheadAttention's (L, B*H, D) views
     seq, b, h, d = 64, 2, 4, 32
     base = [torch.randn(seq, b * h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
@@ -531,7 +532,7 @@ def test_cuda_fused_attention_gradients_have_their_inputs_strides():
 
 @pytest.mark.gpu
 def test_cuda_log_softmax_of_a_permuted_input_takes_a_copy_after_its_output():
-    # what the trace's softmax assumes (trace._kernel_transients): host_softmax's input.contiguous() after the output
+    # what the trace's softmax assumes (kernel_scratch.kernel_transients): host_softmax's input.contiguous() after the output
     x = torch.randn(8, 512, 1000, device="cuda", dtype=torch.float16).transpose(1, 2)  # (B, V, L) laid out (B, L, V)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -762,21 +763,21 @@ def test_copied_steps_equal_traced_steps():
 
 
 def _traced_without_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
-    from memfit.estimate import trace as tr
+    from memfit.estimate import step_copies
 
     with monkeypatch.context() as m:
-        m.setattr(tr, "_replay_forward_backward", lambda *a: False)
+        m.setattr(step_copies, "replay_forward_backward", lambda *a: False)
         return trace_workload(w, GPU, steps=3)
 
 
 def _traced_with_replay(w: Workload, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
-    """The trace, and what each step's call to ``_replay_forward_backward`` answered."""
-    from memfit.estimate import trace as tr
+    """The trace, and what each step's call to ``replay_forward_backward`` answered."""
+    from memfit.estimate import step_copies
 
     calls: list[bool] = []
-    original = tr._replay_forward_backward
+    original = step_copies.replay_forward_backward
     with monkeypatch.context() as m:
-        m.setattr(tr, "_replay_forward_backward", lambda *a: calls.append(original(*a)) or calls[-1])
+        m.setattr(step_copies, "replay_forward_backward", lambda *a: calls.append(original(*a)) or calls[-1])
         return trace_workload(w, GPU, steps=3), calls
 
 
@@ -1043,7 +1044,7 @@ def test_cuda_context_counts_cublas_only_when_the_step_calls_it():
 def test_output_tensors_come_in_tree_flatten_order(out):  # noqa: ANN001
     # the order decides which allocation event comes first, so it must be tree_flatten's
     expected = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    assert [id(t) for t in _output_tensors(out)] == [id(t) for t in expected]
+    assert [id(t) for t in output_tensors(out)] == [id(t) for t in expected]
 
 
 def test_trace_leaves_the_collector_as_it_found_it():
@@ -1063,9 +1064,7 @@ def test_trace_leaves_the_collector_as_it_found_it():
 def test_micro_batches_copied_from_the_second_are_the_stream_tracing_gives(monkeypatch, keep_output):  # noqa: ANN001
     # from the third micro-batch on the tracer copies the second's events: the stream must be the one tracing
     # every micro-batch gives, the plain loop's held output and loss freed where the next forward frees them
-    import importlib
-
-    trace_module = importlib.import_module("memfit.estimate.trace")
+    from memfit.estimate import step_copies
 
     class Net(torch.nn.Module):
         def __init__(self) -> None:
@@ -1080,11 +1079,11 @@ def test_micro_batches_copied_from_the_second_are_the_stream_tracing_gives(monke
                  optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), batch_size=8, accumulation_steps=4,
                  precision="bf16", keep_output=keep_output)
     copies: list[bool] = []
-    copy = trace_module._copy_micro_batch
-    monkeypatch.setattr(trace_module, "_copy_micro_batch", lambda *a: copies.append(copy(*a)) or copies[-1])
+    copy = step_copies.copy_micro_batch
+    monkeypatch.setattr(step_copies, "copy_micro_batch", lambda *a: copies.append(copy(*a)) or copies[-1])
     copied = trace_workload(w, GPU)
     assert copies and all(copies)
-    monkeypatch.setattr(trace_module, "_copy_micro_batch", lambda *a: False)
+    monkeypatch.setattr(step_copies, "copy_micro_batch", lambda *a: False)
     traced = trace_workload(w, GPU)
     assert copied.events() == traced.events()
     assert [(name, s) for _, name, s in copied.phase_marks] == [(name, s) for _, name, s in traced.phase_marks]

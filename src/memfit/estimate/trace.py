@@ -10,17 +10,14 @@ few hundred MB of host memory.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import functools
 import gc
-import itertools
 import logging
 import os
 import threading
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,12 +25,11 @@ import torch
 
 from memfit import _torch_private as tp
 from memfit.errors import MemfitError, TraceError
-from memfit.estimate import sparse, values
+from memfit.estimate import kernel_scratch, sparse, step_copies, values
 from memfit.estimate import workspaces as ws
 from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.cuda_emulation import CudaSemantics
-from memfit.estimate.cudnn_rnn import flatten_weights
 from memfit.estimate.data_dependent import (
     IndexBounds,
     MaskCounts,
@@ -47,8 +43,17 @@ from memfit.estimate.data_dependent import (
 from memfit.estimate.device_calls import user_device_calls
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.library_paths import RealRunPaths
-from memfit.estimate.op_costs import OpCost, OpCounter
-from memfit.estimate.optimizer_twins import OffloadTraffic, stand_in
+from memfit.estimate.op_costs import OpCounter
+from memfit.estimate.trace_record import Alloc, Trace, output_tensors
+from memfit.estimate.trace_setup import (
+    ForwardRecorded,
+    ValuesNeededToBuild,
+    build_model,
+    cuda_default_optimizer,
+    on_phase,
+    register_model,
+    stand_in_optimizer,
+)
 from memfit.units import format_bytes
 from memfit.workload.protocol import DEFAULT_STEPS, build, run_steps
 from memfit.workload.selective_checkpoint import REGIONS as selective_regions
@@ -57,34 +62,6 @@ from memfit.workload.user_errors import user_code_error
 
 log = logging.getLogger(__name__)
 
-
-# ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
-_CUBLAS_OPS = frozenset(
-    "mm addmm bmm baddbmm addbmm mv addmv dot vdot _addmm_activation addr _scaled_mm".split()
-)
-
-# Ops whose CUDA kernel allocates its outputs in another order than it returns them: op -> output indices in
-# allocation order. Which of two equal-sized free blocks each output gets decides later splits, and so the
-# fragmentation a capped run meets. native_dropout: aten/src/ATen/native/cuda/Dropout.cu (dropout_cuda) makes the
-# mask before the output; an H200 trace of HF T5 shows the mask's block first at every dropout
-# (benchmarks/results/estimate/entry_traces_h200_torch2.11_20261126.tar.gz, c077_hf_seq2seq).
-_ALLOCATION_ORDER: dict[str, tuple[int, ...]] = {"native_dropout": (1, 0)}
-
-
-@dataclass
-class Alloc:
-    """One storage allocation seen in the trace."""
-
-    nbytes: int
-    op: str
-    module: str
-    phase: str
-    step: int
-    shape: tuple[int, ...]
-    dtype: str
-    category: TracedCategory
-    optional: bool = False
-    """A library workspace that the library does without when memory is short (cuDNN picks another algorithm)."""
 
 
 @dataclass(frozen=True)
@@ -96,52 +73,6 @@ class _PendingSum:
     sum_storage: Any  # a weakref to the sum's storage: holding it would delay the sum's own free
     node: tuple[str, int] | None
 
-
-@dataclass
-class Trace:
-    """The allocation/free stream of one traced protocol run."""
-
-    ops: list[int] = field(default_factory=list)  # +1 alloc, -1 free
-    keys: list[int] = field(default_factory=list)  # index into allocs
-    allocs: list[Alloc] = field(default_factory=list)
-    phase_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (event index, phase, step)
-    warnings: list[str] = field(default_factory=list)
-    param_count: int = 0
-    uses_cublas: bool = False
-    """The step calls cuBLAS (matmuls): its handles add to the CUDA context (GpuSpec.cublas_context_bytes)."""
-    op_costs: list[OpCost] = field(default_factory=list)
-    """What each op of the traced steps costs (memfit.estimate.op_costs), in program order; not copied by step repeats."""
-    cost_marks: list[tuple[int, str, int]] = field(default_factory=list)  # (index into op_costs, phase, step)
-    uncertain: dict[UncertaintyReason, str] = field(default_factory=dict)
-    """Where the trace relied on a rule rather than a measurement, or lacked a value: reason -> detail (the first
-    place it happened). Each widens the estimate's upper bound (memfit.estimate.bound)."""
-    uncertain_bytes: dict[UncertaintyReason, int] = field(default_factory=dict)
-    """Reasons that widen the bound in bytes: the largest allowance of any place each happened."""
-    offload: OffloadTraffic | None = None
-    """What an offloaded optimizer (``Workload.optimizer_state="cpu_offload"``) moves and computes off the GPU."""
-
-    _events: tuple[tuple[int, int], list[tuple[int, int, int]]] | None = field(
-        default=None, init=False, repr=False, compare=False)
-
-    def events(self) -> list[tuple[int, int, int]]:
-        """(op, key, requested bytes) triples for the allocator simulator (kept until the trace grows: an
-        estimate and the planner read them several times, 75 ms each for GPT-2 at 23k events)."""
-        size = (len(self.ops), len(self.allocs))
-        if self._events is None or self._events[0] != size:
-            allocs = self.allocs
-            self._events = (size, [
-                ((2 if allocs[k].optional else 1), k, allocs[k].nbytes) if o > 0 else (-1, k, 0)
-                for o, k in zip(self.ops, self.keys)
-            ])
-        return list(self._events[1])
-
-    def phase_at(self, index: int) -> tuple[str, int]:
-        phase, step = "init", 0
-        for at, name, s in self.phase_marks:
-            if at > index:
-                break
-            phase, step = name, s
-        return phase, step
 
 
 # frames in these folders are torch's or memfit's own; the first other frame is where the user's code is
@@ -164,27 +95,6 @@ def _in_initializer() -> bool:
     return any(frame.filename == _INIT_FILE for frame in traceback.extract_stack())
 
 
-def _output_tensors(out: Any) -> list[torch.Tensor]:
-    """The tensors of an op's output, depth first, in ``tree_flatten`` order.
-
-    Not ``torch.utils._pytree.tree_flatten``: each of its calls leaves a reference cycle (a recursive closure)
-    for the garbage collector; called once per op, it made two thirds of a trace's cyclic garbage (166k of 244k
-    objects on the MONAI Swin-UNETR estimate) and so most of the collector's runs.
-    """
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if not isinstance(out, (tuple, list)):
-        return []
-    found: list[torch.Tensor] = []
-    for item in out:
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, (tuple, list, dict)):
-            found.extend(_output_tensors(item))
-    return found
-
 
 _DEVICE_QUERY = torch.ops.prim.device.default
 
@@ -205,30 +115,6 @@ def _fake_like(real: Any) -> Any:
         return type(real)(_fake_like(r) for r in real)
     return real
 
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: the strides of some permutation of a contiguous tensor (what ``empty_like``
-    keeps)."""
-    expected = 1
-    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1), key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _cuda_attention_grads(grads: Any, inputs: Any) -> Any:
-    """The CPU flash kernel's gradients (stand-ins for CUDA's fused attention) laid out as CUDA lays them out.
-
-    CUDA's fused backward (flash: ``empty_like`` of each input, flash_api.cpp mha_bwd; cuDNN's attention, which an
-    H100 with torch 2.11 runs: the same, tests/test_trace.py checks on the GPU) gives each gradient its input's
-    strides, so a query that is a view of (L, B*H, D), as ``nn.MultiheadAttention`` makes it, gets a gradient whose
-    views back to the in-projection need no copy; the CPU kernel's gradients are (B, L, H, D)-contiguous whatever
-    the inputs, and the views' backward then copied each of q, k and v twice (8 MiB blocks an H100's stream of the
-    zoo's nn.Transformer does not have: zoo_traces_h100_torch2.11_20261127.tar.gz)."""
-    return tuple(torch.empty_strided(x.shape, x.stride(), dtype=g.dtype)
-                 if isinstance(g, torch.Tensor) and g.shape == x.shape and _dense(x) else g
-                 for g, x in zip(grads, inputs))
 
 
 _RANDOM_OPS = frozenset(
@@ -358,13 +244,6 @@ class _HostCopies:
         raise _ValuesNeededToTrace(HOST_COPY, user_frame(), r._reads_model([t]), r._param_bytes())
 
 
-class _ForwardRecorded(Exception):
-    """The real forward and loss of the first step ran (``RealForward``): the rest of the step is not needed."""
-
-
-class _ValuesNeededToBuild(Exception):
-    """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
-
 
 def _no_constants(args: Any) -> bool:
     """No fake tensor in ``args`` (or in a list there) carries a constant value FakeTensorMode keeps up to date."""
@@ -409,7 +288,7 @@ class _Recorder(tp.TorchDispatchMode):
         self._warned_item = False
         self.closed = False
         self.building_model = False
-        """Inside the model factory: an op whose output size needs tensor values makes ``_build_model`` build the
+        """Inside the model factory: an op whose output size needs tensor values makes ``build_model`` build the
         model for real."""
         self.silent = False
         """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
@@ -505,11 +384,15 @@ class _Recorder(tp.TorchDispatchMode):
         if st in self._live or st.nbytes() == 0:
             return  # the CUDA allocator hands out no block for an empty tensor
         key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
-        self._own(st, key)
+        self.own(st, key)
         if self.phase == "backward":
             self._born_in_node[key] = tp.autograd_node_key(tp.current_autograd_node())
 
-    def _own(self, storage: Any, key: int) -> None:
+    def key_of(self, storage: Any) -> int | None:
+        """The allocation ``storage`` is tracked under; None if it is not tracked."""
+        return self._live.get(storage)
+
+    def own(self, storage: Any, key: int) -> None:
         """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
         self._live[storage] = key
         self._finalizers[key] = weakref.finalize(storage, self._free, key)
@@ -575,7 +458,7 @@ class _Recorder(tp.TorchDispatchMode):
         self._finalizers.pop(pending.sum_key).detach()
         self._born_in_node.pop(pending.sum_key, None)
         self._finalizers.pop(key, None)
-        self._own(storage, key)
+        self.own(storage, key)
         self._born_in_node[key] = pending.node
         return True
 
@@ -610,7 +493,7 @@ class _Recorder(tp.TorchDispatchMode):
         where the trace made a new one (its own allocation is never recorded)."""
         self._finalizers.pop(key).detach()
         del self._live[storage]
-        self._own(out.untyped_storage(), key)
+        self.own(out.untyped_storage(), key)
 
     def disown(self, storage: Any) -> None:
         """Stop tracking ``storage``: its free is accounted for elsewhere (a copied step's events)."""
@@ -663,7 +546,7 @@ class _Recorder(tp.TorchDispatchMode):
             if result is not None:
                 out, scratch, let_go = result
                 self.costs.record(func, name, args, kwargs, out)
-                for t in _output_tensors(out):
+                for t in output_tensors(out):
                     self.track(t, name)
                 self._transient(scratch, f"{name}_scratch", optional=False)
                 del let_go  # the tensors the op replaced: freed now, after its output was allocated
@@ -704,14 +587,14 @@ class _Recorder(tp.TorchDispatchMode):
             if out is None:
                 out = func(*args, **kwargs)
             if name == "_scaled_dot_product_flash_attention_for_cpu_backward" and not self.real:
-                out = _cuda_attention_grads(out, args[1:4])
+                out = kernel_scratch.cuda_attention_grads(out, args[1:4])
         except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
             real = self.values.run(func, name, args, kwargs)
             if real is not None:  # its size depends on values that are known: a fake output of the real size
                 out = _fake_like(real)
                 self.values.keep(out, real)
                 self.mask_counts.learn(name, args, out)
-                for t in _output_tensors(out):
+                for t in output_tensors(out):
                     self.track(t, name)
                 return out
             if name == "_local_scalar_dense":  # a value read (bool(), .item()): no size, a value to decide
@@ -721,14 +604,14 @@ class _Recorder(tp.TorchDispatchMode):
                 if out is not None:
                     self.mask_counts.learn(name, args, out)
                     self.costs.record(func, name, args, kwargs, out)
-                    for t in _output_tensors(out):
+                    for t in output_tensors(out):
                         self.track(t, name)
                     return out
                 if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
                     # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead,
-                    # see _build_model. A constructor's .item() reads 0 below, as in the step: timm's models read
+                    # see trace_setup.build_model. A constructor's .item() reads 0 below, as in the step: timm's models read
                     # their drop-path rates that way, and a real build costs host memory for every parameter.
-                    raise _ValuesNeededToBuild(name) from exc
+                    raise ValuesNeededToBuild(name) from exc
                 if isinstance(exc, tp.DynamicOutputShapeException):
                     # the size depends on values made from data (a detector's matched boxes): run the step for real
                     raise _ValuesNeededToTrace(name, user_frame(), self._reads_model(deciding_inputs(name, args)),
@@ -772,10 +655,10 @@ class _Recorder(tp.TorchDispatchMode):
             self.bounds.follow(name, args, kwargs, out)
         if not self.real and self.phase in ("forward", "loss"):
             if self._reads_model(args):
-                for t in _output_tensors(out):
+                for t in output_tensors(out):
                     self._from_model[t.untyped_storage()] = True
             if name in _RANDOM_OPS or _reads(self._drawn, args):
-                for t in _output_tensors(out):
+                for t in output_tensors(out):
                     self._drawn[t.untyped_storage()] = True
         if self.phase in ("forward", "loss") and name in _RANDOM_OPS:
             top = _largest_draw(name, args, kwargs, out)
@@ -811,22 +694,24 @@ class _Recorder(tp.TorchDispatchMode):
             return out
         if self._accumulate_in_place(name, args, kwargs, out) or self._index_put_in_place(name, args, kwargs, out):
             return out
-        outputs = _output_tensors(out)
-        if name in _ALLOCATION_ORDER and len(outputs) == len(_ALLOCATION_ORDER[name]):
-            outputs = [outputs[i] for i in _ALLOCATION_ORDER[name]]
+        outputs = output_tensors(out)
+        order = kernel_scratch.ALLOCATION_ORDER.get(name)
+        if order is not None and len(outputs) == len(order):
+            outputs = [outputs[i] for i in order]
         # layer_norm_cuda: X = input.expect_contiguous() comes before the outputs and goes when the op returns (a
         # frozen ViT-B/16's stream, fit-side probe s1327_frozen_cnn_r501: the copy taken after the outputs packed
         # its blocks otherwise and put its cap 4 % low). Backward keeps the copy after its outputs (fit probe
         # s1327_tv_cls_03, a ViT: 0.2 % nearer its stream's cap so)
-        copy = self._layer_norm_copy(name, args)
+        copy_bytes = kernel_scratch.layer_norm_copy_bytes(name, args)
+        copy = self._alloc(copy_bytes, f"{name}_scratch", (), "uint8", "workspaces") if copy_bytes else None
         for t in outputs:
             self.track(t, name)
         if copy is not None:
             self._free(copy)
-        if name in _CUBLAS_OPS:
+        if name in kernel_scratch.CUBLAS_OPS:
             # inside the op: the structured kernel allocates the output, then the cuBLAS call takes its workspace
             self._maybe_cublas_workspace()
-        self._transients(self._kernel_transients(name, args, out), f"{name}_scratch")
+        self._transients(kernel_scratch.kernel_transients(name, args, out, self.gpu), f"{name}_scratch")
         return out
 
     def _sized_without_all_values(self, name: str, args: Any, kwargs: dict[str, Any], call: int | None) -> Any:
@@ -840,7 +725,7 @@ class _Recorder(tp.TorchDispatchMode):
         if solved is not None:
             out, real = solved
             if real is not None:
-                for f, r in zip(_output_tensors(out), real if isinstance(real, (tuple, list)) else (real,)):
+                for f, r in zip(output_tensors(out), real if isinstance(real, (tuple, list)) else (real,)):
                     if r is not None:
                         self.values.keep(f, r)
             self._sized_by("the batch's values", name)
@@ -860,61 +745,6 @@ class _Recorder(tp.TorchDispatchMode):
         (``trace_workload``'s message replaces this one where such a size caused the retry)."""
         self.trace.uncertain.setdefault("data_dependent_shape", f"{name} at {user_frame()}: sizes from {source}")
 
-    def _layer_norm_copy(self, name: str, args: Any) -> int | None:
-        """The contiguous copy the CUDA layer norm makes of a permuted input (ConvNeXt, Swin, a ViT's residual
-        stream after nn.MultiheadAttention), allocated now; None when there is none."""
-        nbytes = _contiguous_copy_bytes(args[0]) if name == "native_layer_norm" else 0
-        return self._alloc(nbytes, f"{name}_scratch", (), "uint8", "workspaces") if nbytes else None
-
-    def _kernel_transients(self, name: str, args: Any, out: Any) -> list[int]:
-        """Blocks a CUDA kernel takes, in order, and gives back in reverse order inside one op
-        (memfit.estimate.workspaces has the rules)."""
-        if name in ("_softmax", "_log_softmax"):
-            # SoftMax.cu, host_softmax: input_.contiguous() after the structured kernel allocated the output, so a
-            # softmax over a permuted input takes a copy of it for the call (an H100 stream of the zoo's
-            # nn.Transformer: a 606 MB block for cross-entropy over its (B, V, L) logits, after the log-softmax's
-            # output, every step: zoo_traces_h100_torch2.11_20261127.tar.gz)
-            return [b for b in (_contiguous_copy_bytes(args[0]),) if b > 0]
-        if name in ("_softmax_backward_data", "_log_softmax_backward_data"):
-            grad, output = args[0], args[1]
-            if name == "_softmax_backward_data":
-                # SoftMax.cu, softmax_backward_cuda_out: tmp = grad * output, laid out as TensorIterator lays out
-                # a product (fake tensors do the same), then host_softmax_backward's tmp.contiguous() and
-                # output.contiguous(); log-softmax's backward skips the product
-                grad = torch.ops.aten.mul.Tensor(grad, output)
-            blocks = [_nbytes(grad)] if name == "_softmax_backward_data" else []
-            blocks += [_contiguous_copy_bytes(t) for t in (grad, output)]
-            return [b for b in blocks if b > 0]
-        nbytes = self._kernel_transient(name, args, out)
-        return [nbytes] if nbytes > 0 else []
-
-    def _kernel_transient(self, name: str, args: Any, out: Any) -> int:
-        """Scratch memory a CUDA kernel takes as one block and gives back inside one op."""
-        if name == "native_layer_norm_backward":
-            return _contiguous_copy_bytes(args[1])  # of a permuted input (ConvNeXt, Swin)
-        if name in ("sum", "mean") and isinstance(out, torch.Tensor) and args[0].is_floating_point():
-            x = args[0]
-            dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
-            return ws.reduction_staging_bytes(x.shape, x.stride(), dims, x.element_size(), self.gpu.sm_count,
-                                              ws.max_threads_per_sm(self.gpu.compute_capability))
-        if name == "roll":
-            x = args[0]
-            # one intermediate per rolled dimension but the last
-            return max(len(args[2]) - 1, 0) * x.numel() * x.element_size() if len(args) > 2 else 0
-        if name.startswith("upsample_") and name.endswith("_backward"):
-            return args[0].numel() * args[0].element_size()
-        if name in ("_scaled_dot_product_flash_attention_for_cpu_backward",
-                    "_scaled_dot_product_efficient_attention_backward"):
-            # the memory-efficient kernel's backward took the same (fp32 nn.MultiheadAttention: two query-sized
-            # blocks and two log-sum-exp-sized ones beyond the gradients; fit probe p_enc_fp32_prenorm, H200)
-            q = args[1]
-            return ws.attention_backward_bytes(q.numel() * q.element_size(), q.shape[0] * q.shape[1] * q.shape[2])
-        if name == "embedding_dense_backward":
-            grad, indices = args[0], args[1]
-            return grad.numel() * grad.element_size() + 16 * indices.numel()
-        if name == "binary_cross_entropy_with_logits":
-            return 2 * args[0].numel() * args[0].element_size()
-        return 0
 
     def _narrow_dgrad_workspace(self, x: torch.Tensor, w: torch.Tensor, stride: Any, dilation: Any,
                                 transposed: bool, groups: int) -> int:
@@ -1120,14 +950,14 @@ def _real_forward(workload: Workload, gpu: GpuSpec) -> RealForward:
     try:
         with torch.no_grad():
             _trace(workload, gpu, steps=1, real=True, real_forward=forward)
-    except _ForwardRecorded:
+    except ForwardRecorded:
         return forward
     except Exception:  # noqa: BLE001 - any failure without autograd: the same forward with it decides
         log.info("the real forward of %s failed without autograd; running it with autograd", workload.name)
     forward = RealForward()
     try:
         _trace(workload, gpu, steps=1, real=True, real_forward=forward)
-    except _ForwardRecorded:
+    except ForwardRecorded:
         pass
     return forward
 
@@ -1137,7 +967,7 @@ def _trace_steps(workload: Workload, gpu: GpuSpec, steps: int, *, real: bool = F
     run = functools.partial(_trace, workload, gpu, real=real, batch_values=batch_values, real_forward=real_forward)
     if steps > 2 and not real:
         trace = run(steps=2)
-        if _repeat_last_step(trace, steps - 2):
+        if step_copies.repeat_last_step(trace, steps - 2):
             return trace
     return run(steps=steps)
 
@@ -1193,7 +1023,7 @@ TRACED_MICRO_BATCHES = 3
 the grads alive, but the caching allocator's blocks keep moving: a 2-D U-Net at 4 micro-batches (corpus fit entry
 c032, H100 stream) needs a 623 MB cap with two in the stream, 682 MB with three and the same with all four
 (measured: 698 MB). Later ones are taken to repeat the third. Two are traced, the third copied from the second
-(``_copy_micro_batch``): each micro-batch in the stream costs the planner's replays time (GPT-2's plan at 5.5 GiB,
+(``step_copies.copy_micro_batch``): each micro-batch in the stream costs the planner's replays time (GPT-2's plan at 5.5 GiB,
 34 s with four on the 2-core CPU)."""
 
 
@@ -1220,26 +1050,26 @@ def _trace_frozen(workload: Workload, recorder: _Recorder, *, steps: int, old_ob
             try:
                 with user_device_calls():  # Net().cuda(), .to(device), device="cuda" in the factories
                     model, optimizer, batch = build(
-                        workload.replace(model=functools.partial(_build_model, workload.model, recorder)), "cpu",
-                        configure_optimizer=_cuda_default_optimizer, phase=recorder.set_phase,
-                        keep_states=functools.partial(_stand_in, recorder=recorder),
+                        workload.replace(model=functools.partial(build_model, workload.model, recorder)), "cpu",
+                        configure_optimizer=cuda_default_optimizer, phase=recorder.set_phase,
+                        keep_states=functools.partial(stand_in_optimizer, recorder=recorder),
                     )
             except Exception as exc:
                 _raise_blamed(exc, "building the model, the optimizer or the batch", recorder)
             old_objects.freeze(collect=True)  # the model, the optimizer, the libraries imported to build them
             log.info("tracing %d training steps of %s", steps, workload.name)
-            _register_model(recorder, model, optimizer)
+            register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
             try:
                 with RealRunPaths(), _HostCopies(recorder):  # the libraries take a real run's path; .numpy()
                     run_steps(
                         workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
-                        phase=functools.partial(_on_phase, recorder, optimizer),  # bound now: `del` below
+                        phase=functools.partial(on_phase, recorder, optimizer),  # bound now: `del` below
                         micro_batches=min(workload.accumulation_steps, TRACED_MICRO_BATCHES),
-                        replay_micro=None if real else functools.partial(_copy_micro_batch, recorder),
+                        replay_micro=None if real else functools.partial(step_copies.copy_micro_batch, recorder),
                         # a real step's sizes can change from step to step (a detector's matches move with its
-                        # weights): each is traced; a fake one repeats the first (see _replay_forward_backward)
-                        replay=None if real else functools.partial(_replay_forward_backward, recorder, optimizer),
+                        # weights): each is traced; a fake one repeats the first (see step_copies.replay_forward_backward)
+                        replay=None if real else functools.partial(step_copies.replay_forward_backward, recorder, optimizer),
                     )
             except Exception as exc:
                 _raise_blamed(exc, f"the training step ({recorder.phase}, step {recorder.step})", recorder)
@@ -1260,7 +1090,7 @@ def _raise_blamed(exc: Exception, during: str, recorder: _Recorder) -> NoReturn:
     """Re-raise what the user's code raised as one line naming its file, line, module and op; memfit's own
     errors (a ``MemfitError``, or a bug raised by memfit's code) go on unchanged, and so does the request for a
     real step (``_ValuesNeededToTrace``)."""
-    if not isinstance(exc, (MemfitError, _ValuesNeededToTrace, _ForwardRecorded)):
+    if not isinstance(exc, (MemfitError, _ValuesNeededToTrace, ForwardRecorded)):
         module = recorder.module_stack[-1] if recorder.module_stack else None
         error = user_code_error(exc, during=during, module=module, op=_failing_op(exc))
         if error is not None:
@@ -1291,328 +1121,5 @@ class _QuietFakeTensorLog(logging.Filter):
 _FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 
 
-def _repeat_last_step(trace: Trace, times: int) -> bool:
-    """Append ``times`` copies of the last traced step; False (trace untouched) if it is not a steady state."""
-    marks = trace.phase_marks
-    last = max(s for _, name, s in marks if name == "zero_grad")
-    start = next(at for at, name, s in marks if name == "zero_grad" and s == last)
-    end = len(trace.ops)
-    ops, keys = trace.ops[start:end], trace.keys[start:end]
-    born_at: dict[int, int] = {}
-    alive: set[int] = set()
-    for i, (o, k) in enumerate(zip(trace.ops, trace.keys)):
-        if o > 0:
-            born_at[k] = i
-            alive.add(k)
-        else:
-            alive.discard(k)
-    born_here = {k for o, k in zip(ops, keys) if o > 0}
-    # what the step frees that earlier steps made (last step's grads...) must match what it leaves behind
-    handed_in = sorted((k for o, k in zip(ops, keys) if o < 0 and k not in born_here), key=born_at.__getitem__)
-    handed_out = sorted((k for k in born_here if k in alive), key=born_at.__getitem__)
-    allocs = trace.allocs
-    if len(handed_in) != len(handed_out) or any(
-        allocs[a].nbytes != allocs[b].nbytes for a, b in zip(handed_in, handed_out)
-    ):
-        return False
-    step_marks = [(at - start, name, s) for at, name, s in marks if at >= start and name != "end"]
-    end_mark = marks[-1]
-    del marks[-1]
-    carry = dict(zip(handed_in, handed_out))
-    for rep in range(1, times + 1):
-        offset = len(trace.ops)
-        marks.extend((offset + at, name, s + rep) for at, name, s in step_marks)
-        renamed: dict[int, int] = {}
-        for o, k in zip(ops, keys):
-            if o > 0:
-                new = len(allocs)
-                allocs.append(dataclasses.replace(allocs[k], step=allocs[k].step + rep))
-                renamed[k] = new
-                trace.ops.append(1)
-                trace.keys.append(new)
-            else:
-                trace.ops.append(-1)
-                trace.keys.append(renamed[k] if k in renamed else carry[k])
-        carry = {k_in: renamed[k_out] for k_in, k_out in zip(handed_in, handed_out)}
-    marks.append((len(trace.ops), "end", end_mark[2] + times))
-    return True
 
 
-def _stand_in(optimizer: torch.optim.Optimizer, state: str, *, recorder: _Recorder) -> torch.optim.Optimizer:
-    return stand_in(optimizer, state, recorder)
-
-
-def _cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    # torch.optim picks foreach on CUDA when the user sets neither foreach nor fused, but fake tensors fail its
-    # type check and would silently get the for-loop path, which has different temporaries.
-    for group in optimizer.param_groups:
-        if "foreach" in group and group.get("foreach") is None and not group.get("fused"):
-            group["foreach"] = True
-
-
-def _build_model(factory: Any, recorder: _Recorder) -> Any:
-    """Call the model factory under the fake modes; if the constructor sizes tensors by tensor values (timm's
-    RegNet takes its stage widths from ``torch.unique``), build the model for real on the CPU instead and give
-    the trace fake parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory:
-    the model's parameters, once."""
-    recorder.building_model = True
-    try:
-        return factory()
-    except _ValuesNeededToBuild as exc:
-        op = str(exc)
-    finally:
-        recorder.building_model = False
-    gc.collect()  # the half-built model's fake tensors go now, with their frees, before the rebuild allocates
-    with tp.no_dispatch_modes():
-        real = factory()
-    twins: dict[int, torch.Tensor] = {}
-
-    def twin(t: torch.Tensor, parameter: bool) -> torch.Tensor:
-        if id(t) not in twins:
-            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
-            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if parameter else fake
-        return twins[id(t)]
-
-    # setattr on a registered name replaces the tensor and keeps its registration (a buffer stays persistent or
-    # not); each list is read whole before the first replacement
-    for module in real.modules():
-        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-            setattr(module, name, twin(p, parameter=True))
-        for name, b in list(module.named_buffers(recurse=False, remove_duplicate=False)):
-            setattr(module, name, twin(b, parameter=False))
-    nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
-    msg = (f"the model's constructor sizes a tensor by tensor values ({op}), which fake tensors do not have: "
-           f"memfit built it for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies "
-           "of its parameters and buffers.")
-    recorder.trace.warnings.append(msg)
-    log.warning(msg)
-    return real
-
-
-def _register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    recorder.module_names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
-    compiled = [name or type(model).__name__ for name, m in model.named_modules() if tp.is_compiled_module(m)]
-    if compiled:
-        msg = (f"{compiled[0]} is torch.compile'd: memfit estimates it as eager PyTorch (compiled code fuses ops and "
-               "usually needs less memory, so the estimate is on the high side).")
-        recorder.trace.warnings.append(msg)
-        log.warning(msg)
-        recorder.trace.uncertain["compiled"] = msg
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.RNNBase):
-            flatten_weights(m, again=False)  # a model built before the trace: moved to CUDA, it would be flat
-            recorder.trace.uncertain.setdefault(
-                "rnn_kernel", f"{name or type(m).__name__} ({type(m).__name__}): cuDNN's fused RNN, sized by rules "
-                "calibrated on a grid of shapes")
-    for p in model.parameters():
-        recorder.mark(p, "params")
-        recorder.trace.param_count += p.numel()
-        if p.requires_grad:  # a frozen parameter gets no grad (and torch refuses a hook on it)
-            p.register_post_accumulate_grad_hook(lambda p: recorder.mark(p.grad, "grads"))
-    for b in model.buffers():
-        recorder.mark(b, "buffers")
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        if t.layout == torch.strided:
-            recorder.from_model(t)
-
-
-def _on_phase(recorder: _Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
-    if name == "backward" and recorder.real and recorder.real_forward is not None:
-        raise _ForwardRecorded  # the forward and loss gave the sizes: backward would only cost time
-    if name == "optimizer" and step == 0:
-        recorder.grad_keys = _grad_keys(recorder, optimizer)
-    if recorder.phase == "optimizer":
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    recorder.mark(value, "optimizer_state")
-    recorder.set_phase(name, step)
-
-
-def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tuple[int, int]] | None:
-    """Which allocation holds each parameter's grad; None if one is not a plain tracked tensor of its own."""
-    found = []
-    for i, p in enumerate(_params(optimizer)):
-        if p.grad is None:
-            continue
-        key = recorder._live.get(p.grad.untyped_storage()) if p.grad.layout == torch.strided else None
-        if key is None or recorder.trace.allocs[key].nbytes != p.numel() * p.element_size():
-            return None
-        found.append((i, key))
-    return found if len({k for _, k in found}) == len(found) else None
-
-
-def _contiguous_copy_bytes(x: torch.Tensor) -> int:
-    """Bytes of ``x.contiguous()`` when it copies (a CUDA kernel's ``expect_contiguous`` of a permuted input), else 0."""
-    return 0 if x.is_contiguous() else _nbytes(x)
-
-
-def _window_lifetimes(trace: Trace, start: int, end: int) -> tuple[set[int], set[int], list[int]]:
-    """Of the events ``start:end``: the keys they allocated, those of them still alive at ``end``, and the keys
-    made before ``start`` that they freed, in the order freed."""
-    born: set[int] = set()
-    alive: set[int] = set()
-    earlier: list[int] = []
-    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
-        if o > 0:
-            born.add(k)
-            alive.add(k)
-        elif k in born:
-            alive.discard(k)
-        else:
-            earlier.append(k)
-    return born, alive, earlier
-
-
-def _copy_micro_batch(recorder: _Recorder, step: int, held: list[Any]) -> bool:
-    """Account for the next micro-batch of ``step`` by copying the events of the last one, which has just ended.
-
-    A micro-batch from the second on runs with the grads alive and accumulates into them in place: it allocates
-    what the one before it did. The copy holds if the second micro-batch left nothing alive but what the plain
-    loop holds (its output and loss) and freed nothing made before it but what the first one held; its events
-    are then appended under new keys, the held output and loss of the micro-batch before freed where a traced one
-    frees them, and ``held`` given storages of the same sizes under the copy's keys. Otherwise (False) the
-    micro-batch is traced.
-    """
-    trace = recorder.trace
-    forwards = [at for at, name, s in trace.phase_marks if name == "forward" and s == step]
-    if len(forwards) < 2:
-        return False
-    start, end = forwards[-1], len(trace.ops)  # the last micro-batch, traced or copied
-    held_storages = [t.untyped_storage() for t in _output_tensors(held)]
-    held_keys = [recorder._live.get(st) for st in held_storages]
-    if any(k is None for k in held_keys):
-        return False
-    # what the first micro-batch held, in the order the second freed it
-    _, alive, earlier_freed = _window_lifetimes(trace, start, end)
-    now_held = list(reversed(held_keys))  # the protocol lets go of the last held first
-    if alive != set(held_keys) or len(earlier_freed) != len(now_held) or any(
-            trace.allocs[a].nbytes != trace.allocs[b].nbytes for a, b in zip(earlier_freed, now_held)):
-        return False
-    instead = dict(zip(earlier_freed, now_held))
-    renamed: dict[int, int] = {}
-    moved: list[int] = []
-    for o, k in zip(trace.ops[start:end], trace.keys[start:end], strict=True):
-        moved.append(len(trace.ops))
-        if o > 0:
-            renamed[k] = len(trace.allocs)
-            trace.allocs.append(copy.copy(trace.allocs[k]))
-            trace.ops.append(o)
-            trace.keys.append(renamed[k])
-        else:
-            trace.ops.append(-1)
-            trace.keys.append(renamed[k] if k in renamed else instead[k])
-    trace.phase_marks.extend([(moved[at - start], name, s) for at, name, s in trace.phase_marks
-                              if s == step and start <= at < end])
-    recorder.silent = True
-    try:
-        _hand_over_held(recorder, held, held_storages, [renamed[k] for k in held_keys])
-    finally:
-        recorder.silent = False
-    return True
-
-
-def _hand_over_held(recorder: _Recorder, held: list[Any], freed: list[Any], copied_keys: list[int]) -> None:
-    """After copied events: the plain loop's held output and loss (``freed``, whose frees are in the copy) give way
-    to storages of the same sizes under the copy's keys, freed where the next forward (or the loop's end) lets go
-    of them."""
-    for storage in freed:
-        recorder.disown(storage)
-    stand_ins = []
-    for key in copied_keys:
-        stand_in = torch.empty(recorder.trace.allocs[key].nbytes, dtype=torch.uint8)
-        recorder._own(stand_in.untyped_storage(), key)
-        stand_ins.append(stand_in)
-    held[:] = stand_ins
-
-
-def _replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int,
-                             held: list[Any]) -> bool:
-    """Account for the forward and backward of ``step`` by copying the first step's instead of tracing them.
-
-    The first step's forward and backward dispatch every op for the first time, and cost twice what later steps
-    do; the second step runs them again only to put the same allocations in the stream with the optimizer state
-    alive. They are the same allocations if what the first step's forward and backward leave behind is the
-    grads (which ``zero_grad`` has just freed) and the cuBLAS workspaces (made once per thread, not again), and
-    they free nothing made before them. Then the events, phase marks and op costs are copied, the grads are made
-    again without a trace (the optimizer reads them), under the keys of the copied grads, and the step goes on to
-    its optimizer. Otherwise (False) the step is traced as usual.
-
-    The plain loop (``keep_output``) also leaves the last output and loss behind, in ``held``; a traced step frees
-    them once its forward has made the next output. The copy frees them at that point too, and puts in ``held``
-    storages of the same sizes under the keys of the copied output and loss.
-    """
-    if step == 0 or recorder.grad_keys is None:
-        return False
-    held_storages = {k: t.untyped_storage() for t in _output_tensors(held)
-                     if (k := recorder._live.get(t.untyped_storage())) is not None}
-    trace = recorder.trace
-    marks = trace.phase_marks
-    start = next(at for at, name, s in marks if name == "forward" and s == 0)
-    end = next(at for at, name, s in marks if name == "optimizer" and s == 0)
-    zero_grad = next(at for at, name, s in marks if name == "zero_grad" and s == step)
-    born, alive, earlier_freed = _window_lifetimes(trace, start, end)
-    if earlier_freed:
-        return False  # frees something made before it: the next step may find another
-    grads = dict(recorder.grad_keys)
-    workspaces = {k for k in alive if trace.allocs[k].op == "cublas_workspace"}
-    freed_by_zero_grad = {k for o, k in zip(trace.ops[zero_grad:], trace.keys[zero_grad:], strict=True) if o < 0}
-    if step == 1:
-        # what the plain loop holds of step 0's allocations (not of the batch, which was made before the step)
-        recorder.held_keys = [k for k in held_storages if k in born]
-    held_keys = recorder.held_keys
-    held_now = held_keys if step == 1 else list(held_storages)
-    if alive - workspaces != set(grads.values()) | set(held_keys) or freed_by_zero_grad != set(grads.values()):
-        return False
-    if len(held_now) != len(held_keys) or any(
-        trace.allocs[a].nbytes != trace.allocs[b].nbytes for a, b in zip(held_now, held_keys)
-    ):
-        return False
-    # where a traced step frees the last step's output: once its first forward has made the next one
-    first_loss = next(at for at, name, s in marks if name == "loss" and s == 0)
-    # the events, renamed; cuBLAS's workspaces exist already
-    renamed: dict[int, int] = {}
-    moved: list[int] = []  # the copy's index of each event of the first step
-    for at, (o, k) in enumerate(zip(trace.ops[start:end], trace.keys[start:end], strict=True), start):
-        if at == first_loss:
-            for key in reversed(held_now):  # the protocol lets go of the last held first
-                trace.ops.append(-1)
-                trace.keys.append(key)
-        moved.append(len(trace.ops))
-        if k in workspaces:
-            continue
-        if o > 0:
-            renamed[k] = len(trace.allocs)
-            trace.allocs.append(dataclasses.replace(trace.allocs[k], step=step))
-        trace.ops.append(o)
-        trace.keys.append(renamed[k])
-    moved.append(len(trace.ops))
-    copied = ("forward", "loss", "backward")
-    marks.extend([(moved[at - start], name, step) for at, name, s in marks
-                  if s == 0 and name in copied and start <= at < end])
-    cost_marks = recorder.costs.marks
-    c_start = next(at for at, name, s in cost_marks if name == "forward" and s == 0)
-    c_end = next(at for at, name, s in cost_marks if name == "optimizer" and s == 0)
-    recorder.costs.splice(
-        recorder.costs.rows[c_start:c_end],
-        [(at - c_start, name, step) for at, name, s in cost_marks if s == 0 and name in copied and c_start <= at < c_end],
-    )
-    # the optimizer reads the grads: make them again, untraced, under the copied grads' keys
-    params = _params(optimizer)
-    recorder.silent = True
-    try:
-        with torch.no_grad():
-            for i, key in grads.items():
-                grad = torch.empty_like(params[i])
-                storage = grad.untyped_storage()
-                recorder._own(storage, renamed[key])
-                params[i].grad = grad
-            # the last output and loss: their frees are in the copy already
-            _hand_over_held(recorder, held, [held_storages[k] for k in held_now], [renamed[k] for k in held_keys])
-    finally:
-        recorder.silent = False
-    return True

@@ -1,0 +1,128 @@
+"""The model and the optimizer under the trace: built on fake tensors, registered with the recorder, and told
+each phase of the step.
+
+``build_model`` calls the user's model factory under the fake modes (or, where the constructor sizes tensors by
+values, for real with fake twins of its tensors); ``register_model`` names the modules and marks the parameters,
+gradients and buffers; ``on_phase`` marks the optimizer's state as it appears.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from memfit import _torch_private as tp
+from memfit.estimate.cudnn_rnn import flatten_weights
+from memfit.estimate.optimizer_twins import stand_in
+from memfit.estimate.step_copies import grad_keys
+
+if TYPE_CHECKING:
+    from memfit.estimate.trace import _Recorder
+
+__all__ = ["ForwardRecorded", "ValuesNeededToBuild", "build_model", "cuda_default_optimizer", "on_phase",
+           "register_model", "stand_in_optimizer"]
+
+log = logging.getLogger(__name__)
+
+
+class ForwardRecorded(Exception):
+    """The real forward and loss of the first step ran (``RealForward``): the rest of the step is not needed."""
+
+
+class ValuesNeededToBuild(Exception):
+    """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
+
+
+def stand_in_optimizer(optimizer: torch.optim.Optimizer, state: str, *, recorder: _Recorder) -> torch.optim.Optimizer:
+    return stand_in(optimizer, state, recorder)
+
+
+def cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    # torch.optim picks foreach on CUDA when the user sets neither foreach nor fused, but fake tensors fail its
+    # type check and would silently get the for-loop path, which has different temporaries.
+    for group in optimizer.param_groups:
+        if "foreach" in group and group.get("foreach") is None and not group.get("fused"):
+            group["foreach"] = True
+
+
+def build_model(factory: Any, recorder: _Recorder) -> Any:
+    """Call the model factory under the fake modes; if the constructor sizes tensors by tensor values (timm's
+    RegNet takes its stage widths from ``torch.unique``), build the model for real on the CPU instead and give
+    the trace fake parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory:
+    the model's parameters, once."""
+    recorder.building_model = True
+    try:
+        return factory()
+    except ValuesNeededToBuild as exc:
+        op = str(exc)
+    finally:
+        recorder.building_model = False
+    gc.collect()  # the half-built model's fake tensors go now, with their frees, before the rebuild allocates
+    with tp.no_dispatch_modes():
+        real = factory()
+    twins: dict[int, torch.Tensor] = {}
+
+    def twin(t: torch.Tensor, parameter: bool) -> torch.Tensor:
+        if id(t) not in twins:
+            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if parameter else fake
+        return twins[id(t)]
+
+    # setattr on a registered name replaces the tensor and keeps its registration (a buffer stays persistent or
+    # not); each list is read whole before the first replacement
+    for module in real.modules():
+        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(p, parameter=True))
+        for name, b in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(b, parameter=False))
+    nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
+    msg = (f"the model's constructor sizes a tensor by tensor values ({op}), which fake tensors do not have: "
+           f"memfit built it for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies "
+           "of its parameters and buffers.")
+    recorder.trace.warnings.append(msg)
+    log.warning(msg)
+    return real
+
+
+def register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    recorder.module_names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
+    compiled = [name or type(model).__name__ for name, m in model.named_modules() if tp.is_compiled_module(m)]
+    if compiled:
+        msg = (f"{compiled[0]} is torch.compile'd: memfit estimates it as eager PyTorch (compiled code fuses ops and "
+               "usually needs less memory, so the estimate is on the high side).")
+        recorder.trace.warnings.append(msg)
+        log.warning(msg)
+        recorder.trace.uncertain["compiled"] = msg
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.RNNBase):
+            flatten_weights(m, again=False)  # a model built before the trace: moved to CUDA, it would be flat
+            recorder.trace.uncertain.setdefault(
+                "rnn_kernel", f"{name or type(m).__name__} ({type(m).__name__}): cuDNN's fused RNN, sized by rules "
+                "calibrated on a grid of shapes")
+    for p in model.parameters():
+        recorder.mark(p, "params")
+        recorder.trace.param_count += p.numel()
+        if p.requires_grad:  # a frozen parameter gets no grad (and torch refuses a hook on it)
+            p.register_post_accumulate_grad_hook(lambda p: recorder.mark(p.grad, "grads"))
+    for b in model.buffers():
+        recorder.mark(b, "buffers")
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.layout == torch.strided:
+            recorder.from_model(t)
+
+
+def on_phase(recorder: _Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
+    if name == "backward" and recorder.real and recorder.real_forward is not None:
+        raise ForwardRecorded  # the forward and loss gave the sizes: backward would only cost time
+    if name == "optimizer" and step == 0:
+        recorder.grad_keys = grad_keys(recorder, optimizer)
+    if recorder.phase == "optimizer":
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    recorder.mark(value, "optimizer_state")
+    recorder.set_phase(name, step)
