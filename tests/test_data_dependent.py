@@ -15,6 +15,7 @@ from memfit import Workload
 from memfit._torch_private import StaticShapeFakeTensorMode
 from memfit.estimate import trace as trace_module
 from memfit.estimate.gpus import gpu_spec
+from memfit.estimate.recorder import BATCH_SEED
 from memfit.estimate.trace import trace_workload
 from memfit.estimate.values import KnownValues
 
@@ -65,7 +66,7 @@ def test_a_mask_made_from_the_labels_is_sized_by_the_batch_values_without_a_real
     trace = trace_workload(w, GPU)
     assert "one random batch" in trace.uncertain["data_dependent_shape"]
     # the same seeded batch the trace made: as many elements as its labels have > 0
-    torch.manual_seed(trace_module._BATCH_SEED)
+    torch.manual_seed(BATCH_SEED)
     selected = int((w.make_batch(64)[1] > 0).sum())
     assert 0.3 * 64 * 256 < selected < 0.7 * 64 * 256
     assert [a.nbytes for a in trace.allocs if a.op == "masked_select"] == [selected * 4] * 3  # one per step
@@ -91,7 +92,7 @@ def test_a_packed_sequence_has_one_row_per_real_time_step(monkeypatch):  # noqa:
                  batch=lambda n: (torch.randn(50, n, 16), torch.randint(1, 51, (n,))),
                  forward=lambda m, b: m(b[0], b[1]))
     trace = trace_workload(w, GPU)
-    torch.manual_seed(trace_module._BATCH_SEED)
+    torch.manual_seed(BATCH_SEED)
     rows = int(w.make_batch(8)[1].sum())
     packed = [a for a in trace.allocs if a.op == "_pack_padded_sequence" and a.dtype == "float32"]
     assert packed and all(a.shape == (rows, 16) for a in packed)
@@ -109,7 +110,7 @@ def test_ctc_keeps_alphas_for_the_longest_target_of_the_batch(monkeypatch):  # n
     w = Workload(model=lambda: torch.nn.Linear(8, 20), optimizer=_sgd, batch_size=4, loss=_ctc_loss,
                  batch=lambda n: (torch.randn(n, 100, 8), torch.randint(1, 20, (n, 30)), torch.randint(5, 31, (n,))))
     trace = trace_workload(w, GPU)
-    torch.manual_seed(trace_module._BATCH_SEED)
+    torch.manual_seed(BATCH_SEED)
     longest = int(w.make_batch(4)[2].max())
     alphas = [a for a in trace.allocs if a.op == "_ctc_loss" and len(a.shape) == 3]
     assert alphas and all(a.shape == (4, 100, 2 * longest + 1) for a in alphas)
@@ -327,7 +328,7 @@ def test_numpy_of_the_labels_is_computed_from_the_batch_without_a_real_forward(m
     w = Workload(model=lambda: torch.nn.Linear(64, 64), optimizer=_sgd, batch_size=32, loss=loss,
                  batch=lambda n: (torch.randn(n, 64), torch.randint(0, 40, (n,))))
     trace = trace_workload(w, GPU)
-    torch.manual_seed(trace_module._BATCH_SEED)
+    torch.manual_seed(BATCH_SEED)
     classes = len(np.unique(w.make_batch(32)[1].numpy()))
     assert classes < 40
     assert {a.shape for a in trace.allocs if a.op == "index" and a.phase == "loss"} == {(32, classes)}

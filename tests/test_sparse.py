@@ -3,8 +3,8 @@
 import torch
 
 from memfit import Workload
-from memfit.estimate import trace as trace_module
 from memfit.estimate.gpus import gpu_spec
+from memfit.estimate.recorder import BATCH_SEED
 from memfit.estimate.trace import trace_workload
 
 GPU = gpu_spec("h100")
@@ -46,7 +46,7 @@ def test_coalescing_keeps_one_row_per_distinct_index_of_the_batch():
     rows = 50  # 256 lookups among 50 rows: many repeats
     trace = trace_workload(_bags(lambda p: torch.optim.SparseAdam(list(p), lr=0.1), rows=rows), GPU)
     assert "one random batch" in trace.uncertain["data_dependent_shape"]
-    torch.manual_seed(trace_module._BATCH_SEED)
+    torch.manual_seed(BATCH_SEED)
     distinct = int(_bags(lambda p: None, rows).make_batch(BATCH)[0].unique().numel())
     assert distinct < BATCH * BAG
     coalesced = _values_rows(trace, "_coalesce", "optimizer")

@@ -84,10 +84,11 @@ def traced_sums(workload, gpu: str) -> dict[str, list[int]]:  # noqa: ANN001
     from memfit import _torch_private as tp
     from memfit.estimate import trace as tr
     from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.recorder import Recorder
 
     rows: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     pending: list[str] = []
-    accumulate, fold = tr._Recorder._accumulate_in_place, tr._Recorder._fold_sum
+    accumulate, fold = Recorder._accumulate_in_place, Recorder._fold_sum
 
     def watch_accumulate(self, name, args, kwargs, out):  # noqa: ANN001, ANN202
         taken = accumulate(self, name, args, kwargs, out)
@@ -106,11 +107,11 @@ def traced_sums(workload, gpu: str) -> dict[str, list[int]]:  # noqa: ANN001
         pending.clear()
         return folded
 
-    tr._Recorder._accumulate_in_place, tr._Recorder._fold_sum = watch_accumulate, watch_fold
+    Recorder._accumulate_in_place, Recorder._fold_sum = watch_accumulate, watch_fold
     try:
         tr.trace_workload(workload.replace(accumulation_steps=1), gpu_spec(gpu))
     finally:
-        tr._Recorder._accumulate_in_place, tr._Recorder._fold_sum = accumulate, fold
+        Recorder._accumulate_in_place, Recorder._fold_sum = accumulate, fold
     return dict(rows)
 
 

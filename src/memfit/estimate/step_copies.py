@@ -23,7 +23,7 @@ import torch
 from memfit.estimate.trace_record import Trace, output_tensors
 
 if TYPE_CHECKING:
-    from memfit.estimate.trace import _Recorder
+    from memfit.estimate.recorder import Recorder
 
 __all__ = ["copy_micro_batch", "grad_keys", "repeat_last_step", "replay_forward_backward"]
 
@@ -79,7 +79,7 @@ def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def grad_keys(recorder: _Recorder, optimizer: torch.optim.Optimizer) -> list[tuple[int, int]] | None:
+def grad_keys(recorder: Recorder, optimizer: torch.optim.Optimizer) -> list[tuple[int, int]] | None:
     """Which allocation holds each parameter's grad; None if one is not a plain tracked tensor of its own."""
     found = []
     for i, p in enumerate(_params(optimizer)):
@@ -109,7 +109,7 @@ def _window_lifetimes(trace: Trace, start: int, end: int) -> tuple[set[int], set
     return born, alive, earlier
 
 
-def copy_micro_batch(recorder: _Recorder, step: int, held: list[Any]) -> bool:
+def copy_micro_batch(recorder: Recorder, step: int, held: list[Any]) -> bool:
     """Account for the next micro-batch of ``step`` by copying the events of the last one, which has just ended.
 
     A micro-batch from the second on runs with the grads alive and accumulates into them in place: it allocates
@@ -158,7 +158,7 @@ def copy_micro_batch(recorder: _Recorder, step: int, held: list[Any]) -> bool:
     return True
 
 
-def _hand_over_held(recorder: _Recorder, held: list[Any], freed: list[Any], copied_keys: list[int]) -> None:
+def _hand_over_held(recorder: Recorder, held: list[Any], freed: list[Any], copied_keys: list[int]) -> None:
     """After copied events: the plain loop's held output and loss (``freed``, whose frees are in the copy) give way
     to storages of the same sizes under the copy's keys, freed where the next forward (or the loop's end) lets go
     of them."""
@@ -172,7 +172,7 @@ def _hand_over_held(recorder: _Recorder, held: list[Any], freed: list[Any], copi
     held[:] = stand_ins
 
 
-def replay_forward_backward(recorder: _Recorder, optimizer: torch.optim.Optimizer, step: int,
+def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer, step: int,
                              held: list[Any]) -> bool:
     """Account for the forward and backward of ``step`` by copying the first step's instead of tracing them.
 

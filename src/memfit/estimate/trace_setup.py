@@ -21,7 +21,7 @@ from memfit.estimate.optimizer_twins import stand_in
 from memfit.estimate.step_copies import grad_keys
 
 if TYPE_CHECKING:
-    from memfit.estimate.trace import _Recorder
+    from memfit.estimate.recorder import Recorder
 
 __all__ = ["ForwardRecorded", "ValuesNeededToBuild", "build_model", "cuda_default_optimizer", "on_phase",
            "register_model", "stand_in_optimizer"]
@@ -37,7 +37,7 @@ class ValuesNeededToBuild(Exception):
     """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
 
 
-def stand_in_optimizer(optimizer: torch.optim.Optimizer, state: str, *, recorder: _Recorder) -> torch.optim.Optimizer:
+def stand_in_optimizer(optimizer: torch.optim.Optimizer, state: str, *, recorder: Recorder) -> torch.optim.Optimizer:
     return stand_in(optimizer, state, recorder)
 
 
@@ -49,7 +49,7 @@ def cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
             group["foreach"] = True
 
 
-def build_model(factory: Any, recorder: _Recorder) -> Any:
+def build_model(factory: Any, recorder: Recorder) -> Any:
     """Call the model factory under the fake modes; if the constructor sizes tensors by tensor values (timm's
     RegNet takes its stage widths from ``torch.unique``), build the model for real on the CPU instead and give
     the trace fake parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory:
@@ -88,7 +88,7 @@ def build_model(factory: Any, recorder: _Recorder) -> Any:
     return real
 
 
-def register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def register_model(recorder: Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     recorder.module_names = {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
     compiled = [name or type(model).__name__ for name, m in model.named_modules() if tp.is_compiled_module(m)]
     if compiled:
@@ -115,7 +115,7 @@ def register_model(recorder: _Recorder, model: torch.nn.Module, optimizer: torch
             recorder.from_model(t)
 
 
-def on_phase(recorder: _Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
+def on_phase(recorder: Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
     if name == "backward" and recorder.real and recorder.real_forward is not None:
         raise ForwardRecorded  # the forward and loss gave the sizes: backward would only cost time
     if name == "optimizer" and step == 0:

@@ -1,0 +1,714 @@
+"""The recorder: a dispatch mode above ``FakeTensorMode`` that turns every ATen op of a training step into
+allocation and free events with CUDA's semantics.
+
+Each new storage becomes an allocation event; a ``weakref.finalize`` on the storage emits the free when the last
+reference goes, as the CUDA caching allocator would see it. Beyond the ops' outputs it records what CUDA does
+otherwise: sums autograd does in place, kernels' scratch blocks and cuDNN's workspaces
+(``memfit.estimate.kernel_scratch``, ``memfit.estimate.workspaces``), cuBLAS's workspace on first use, the
+values a step reads (``memfit.estimate.value_reads``), and each op's cost for the speed model. The driver,
+``memfit.estimate.trace``, runs the protocol under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memfit import _torch_private as tp
+from memfit.errors import TraceError
+from memfit.estimate import kernel_scratch, sparse, values
+from memfit.estimate import workspaces as ws
+from memfit.estimate.bound import UncertaintyReason
+from memfit.estimate.categories import TracedCategory
+from memfit.estimate.data_dependent import (
+    IndexBounds,
+    MaskCounts,
+    ProductStandIns,
+    RealForward,
+    ctc_loss_backward,
+    deciding_inputs,
+    is_dynamic,
+    size_from_known_values,
+)
+from memfit.estimate.gpus import GpuSpec
+from memfit.estimate.op_costs import OpCounter
+from memfit.estimate.trace_record import Alloc, Trace, output_tensors
+from memfit.estimate.trace_setup import (
+    ValuesNeededToBuild,
+)
+from memfit.estimate.value_reads import (
+    CONDITION,
+    RANDOM_OPS,
+    ValuesNeededToTrace,
+    in_initializer,
+    largest_draw,
+    reads,
+    user_frame,
+)
+from memfit.workload.selective_checkpoint import REGIONS as selective_regions
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BATCH_SEED", "Recorder"]
+
+
+@dataclass(frozen=True)
+class _PendingSum:
+    """A gradient sum just traced out of place, which CUDA does in place if its first term dies next."""
+
+    old_key: int
+    sum_key: int
+    sum_storage: Any  # a weakref to the sum's storage: holding it would delay the sum's own free
+    node: tuple[str, int] | None
+
+
+_DEVICE_QUERY = torch.ops.prim.device.default
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _float32_inputs(args: Any) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args)
+
+
+def _fake_like(real: Any) -> Any:
+    """Fake tensors (the fake mode is the next one down) of ``real``'s shapes, strides and dtypes."""
+    if isinstance(real, torch.Tensor):
+        return torch.empty_strided(real.shape, real.stride(), dtype=real.dtype)
+    if isinstance(real, (list, tuple)):
+        return type(real)(_fake_like(r) for r in real)
+    return real
+
+
+def _no_constants(args: Any) -> bool:
+    """No fake tensor in ``args`` (or in a list there) carries a constant value FakeTensorMode keeps up to date."""
+    for a in args:
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, torch.Tensor) and (not isinstance(t, tp.FakeTensor) or t.constant is not None):
+                return False
+    return True
+
+
+class _InPlaceForeachOps(dict):
+    """func -> whether it is an in-place foreach op that returns nothing (``_foreach_mul_``), by its schema."""
+
+    def __missing__(self, func: Any) -> bool:
+        name = tp.op_short_name(func)
+        self[func] = answer = (
+            func.namespace == "aten" and name.startswith("_foreach_") and name.endswith("_")
+            and tp.op_returns_nothing(func)
+        )
+        return answer
+
+
+_IN_PLACE_FOREACH = _InPlaceForeachOps()
+
+
+# torch's CPU generator is seeded with this as the batch is made, so that the real forward (RealForward) and the
+# traced steps that follow the batch's values see the same batch; torch.random.fork_rng keeps the caller's state
+BATCH_SEED = 0
+
+
+class Recorder(tp.TorchDispatchMode):
+    def __init__(self, gpu: GpuSpec, *, real: bool = False, batch_values: bool = False,
+                 real_forward: RealForward | None = None) -> None:
+        super().__init__()
+        self.gpu = gpu
+        self.trace = Trace()
+        self._live: Any = tp.WeakIdKeyDictionary()
+        self.phase, self.step = "init", 0
+        self.module_stack: list[str] = []
+        self.module_names: dict[int, str] = {}
+        self._workspace_threads: set[str] = set()
+        self._warned_item = False
+        self.closed = False
+        self.building_model = False
+        """Inside the model factory: an op whose output size needs tensor values makes ``build_model`` build the
+        model for real."""
+        self.silent = False
+        """Run ops untracked (the tracer's own bookkeeping, e.g. the grads of a copied step)."""
+        self._finalizers: dict[int, Any] = {}
+        # key -> the autograd node (tp.autograd_node_key: a name, never the node) that ran when a backward op made it
+        self._born_in_node: dict[int, tuple[str, int] | None] = {}
+        self._pending_sum: _PendingSum | None = None
+        self.held_keys: list[int] = []
+        """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
+        self.grad_keys: list[tuple[int, int]] | None = None
+        """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
+        self.real = real
+        """Tracing real CPU tensors (a step whose sizes depend on data values), not fake ones."""
+        self.batch_values = batch_values
+        """The batch is made for real and its values are followed too (a step whose sizes depend on the data)."""
+        self.values = values.KnownValues(values.BATCH_MAX_NUMEL if batch_values else values.MAX_NUMEL)
+        """Real values of the small tensors computed from constants (memfit.estimate.values)."""
+        self.bounds = IndexBounds()
+        self.mask_counts = MaskCounts()
+        self.sparse = sparse.SparseValues(self.values.value)
+        self.real_forward = real_forward
+        """What the value-dependent ops of one real forward returned: kept there by a real trace, read by a fake one."""
+        self.stand_ins = ProductStandIns() if real and real_forward is not None else None
+        """The real forward that sizes value-dependent ops does not compute its large products (see there)."""
+        self._dynamic_calls = 0  # value-dependent ops so far in this forward and loss (RealForward's order)
+        self._conditions = 0  # bool() reads so far in this forward and loss (RealForward.conditions' order)
+        self.host_copies = 0  # .numpy() calls so far in this forward and loss (RealForward.host_copies' order)
+        self._from_model: Any = tp.WeakIdKeyDictionary()
+        """Storages whose values the model's parameters or buffers went into (in forward and loss): a size decided
+        by them needs the real forward, not the batch's values."""
+        self._drawn: Any = tp.WeakIdKeyDictionary()
+        """Storages whose values a random draw of forward or loss went into (``torch.rand([]) < layerdrop``): a
+        condition on them takes another branch each step, so neither the batch nor one real forward decides it."""
+        self._draw_top: Any = tp.WeakIdKeyDictionary()
+        """One-element draws of forward and loss -> the largest value each can take, which a read as a number gets
+        (``largest_draw``), in the real forward and in the trace alike."""
+        self.costs = OpCounter()
+        self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
+
+    # ------------------------------------------------------------------ events
+    def set_phase(self, name: str, step: int) -> None:
+        self.phase, self.step = name, step
+        if name == "forward":
+            self._dynamic_calls = self._conditions = self.host_copies = 0
+        elif name == "data" and (self.batch_values or self.real):
+            torch.manual_seed(BATCH_SEED)
+        if name != "backward":
+            self.module_stack.clear()
+        self.trace.phase_marks.append((len(self.trace.ops), name, step))
+        self.costs.set_phase(name, step)
+
+    def _default_category(self) -> TracedCategory:
+        if self.phase == "data":
+            return "data"
+        if self.phase in ("forward", "loss"):
+            return "activations"
+        if self.phase == "backward" and self.module_stack:
+            return "activations"  # recomputation of checkpointed modules
+        return "temporaries"
+
+    def _alloc(self, nbytes: int, op: str, shape: tuple[int, ...], dtype: str, category: TracedCategory | None = None) -> int:
+        self._pending_sum = None
+        key = len(self.trace.allocs)
+        module = self.module_stack[-1] if self.module_stack else ("(loss)" if self.phase == "loss" else "")
+        self.trace.allocs.append(
+            Alloc(nbytes, op, module, self.phase, self.step, shape, dtype, category or self._default_category())
+        )
+        self.trace.ops.append(1)
+        self.trace.keys.append(key)
+        return key
+
+    def _free(self, key: int) -> None:
+        if self.closed:
+            # a fake storage collected after the trace ended (a reference cycle reaped by a later gc): its free
+            # belongs to no step, and after the step copy it would free a key the copy already freed
+            return
+        if self._pending_sum is not None and self._fold_sum(key):
+            return
+        self.trace.ops.append(-1)
+        self.trace.keys.append(key)
+        self._finalizers.pop(key, None)
+        self._born_in_node.pop(key, None)
+
+    def track(self, t: torch.Tensor, op: str) -> None:
+        if t.layout != torch.strided:  # a sparse gradient: its indices and values are the allocations
+            # what sparse ops keep after coalescing (SparseAdam, sparse SGD) depends on the indices' values
+            self.trace.uncertain.setdefault(
+                "sparse_data", f"a sparse tensor ({op}, {self.module_stack[-1] if self.module_stack else self.phase})")
+            for part in tp.sparse_parts(t):
+                self.track(part, op)
+            return
+        st = t.untyped_storage()
+        if st in self._live or st.nbytes() == 0:
+            return  # the CUDA allocator hands out no block for an empty tensor
+        key = self._alloc(st.nbytes(), op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        self.own(st, key)
+        if self.phase == "backward":
+            self._born_in_node[key] = tp.autograd_node_key(tp.current_autograd_node())
+
+    def key_of(self, storage: Any) -> int | None:
+        """The allocation ``storage`` is tracked under; None if it is not tracked."""
+        return self._live.get(storage)
+
+    def own(self, storage: Any, key: int) -> None:
+        """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
+        self._live[storage] = key
+        self._finalizers[key] = weakref.finalize(storage, self._free, key)
+
+    def _accumulate_in_place(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
+        """Account for the autograd engine summing two gradients of one tensor as CUDA does: in place.
+
+        Where a tensor feeds two ops (a residual branch, a tied weight, a window's slices), backward adds the second
+        gradient into the first. ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) does
+        ``old.add_(new)`` when ``old`` is a dense, non-overlapping tensor that only the buffer holds (its use count
+        and its storage's are one), and ``old + new`` otherwise; fake tensors are tensor-subclass-like, so under a
+        trace it always takes the second path, one buffer too many (the 190 MiB of a tied embedding in
+        benchmarks/results/explain/explain_cases_h200_torch2.11_20261126.md). Told apart from an ``add`` inside a
+        derivative formula by where ``old`` was made: under an earlier node of this backward (the formula's own
+        tensors are the node's).
+
+        Whether only the buffer holds ``old`` is known a moment later: the engine then drops it, and its storage is
+        freed before anything else is allocated. The sum is tracked as a new allocation here and ``_free`` folds
+        the pair back into ``old``'s block when that happens (``_fold_sum``). A real CPU backward's profile
+        (``aten::add_`` against ``aten::add`` under ``evaluate_function``) is the reference the tests hold this to.
+        """
+        self._pending_sum = None
+        if name != "add" or self.phase != "backward" or torch.is_grad_enabled() or kwargs.get("alpha", 1) != 1:
+            return False
+        if len(args) < 2 or not all(isinstance(t, torch.Tensor) for t in (args[0], args[1], out)):
+            return False
+        old, new = args[0], args[1]
+        if not (old.shape == new.shape == out.shape and old.dtype == new.dtype == out.dtype):
+            return False
+        if old.layout != torch.strided or out.layout != torch.strided or new.layout != torch.strided:
+            return False  # sparse gradients are summed by concatenation: a new tensor, as traced
+        storage = old.untyped_storage()
+        key = self._live.get(storage)
+        node = tp.current_autograd_node()
+        if key is None or node is None or key not in self._born_in_node or (
+                self._born_in_node[key] == tp.autograd_node_key(node)):
+            return False
+        self.track(out, name)
+        if tp.is_view(old) or not tp.is_non_overlapping_and_dense(old):
+            # a view's base holds its storage too: a permute's or a reshape's gradient (Swin-UNETR's stage outputs,
+            # a linear layer's weight gradient in fp32, which mm's backward hands over transposed)
+            return True
+        out_storage = out.untyped_storage()
+        out_key = self._live.get(out_storage)
+        if out_key is not None and out_key == len(self.trace.allocs) - 1:
+            self._pending_sum = _PendingSum(key, out_key, weakref.ref(out_storage), tp.autograd_node_key(node))
+        return True
+
+    def _fold_sum(self, key: int) -> bool:
+        """``key`` is freed: if it is the ``old`` of the sum just traced (``_accumulate_in_place``) and nothing
+        happened in between, the engine summed in place on CUDA: the sum's allocation is dropped and the sum's
+        storage takes over ``old``'s block. True when folded (no free is recorded)."""
+        pending, self._pending_sum = self._pending_sum, None
+        if pending is None or pending.old_key != key or self.trace.keys[-1] != pending.sum_key \
+                or self.trace.ops[-1] != 1:
+            return False
+        storage = pending.sum_storage()
+        if storage is None or self._live.get(storage) != pending.sum_key:
+            return False
+        self.trace.ops.pop()
+        self.trace.keys.pop()
+        self.trace.allocs.pop()
+        self._finalizers.pop(pending.sum_key).detach()
+        self._born_in_node.pop(pending.sum_key, None)
+        self._finalizers.pop(key, None)
+        self.own(storage, key)
+        self._born_in_node[key] = pending.node
+        return True
+
+    def _index_put_in_place(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
+        """Account for ``index``'s backward writing the gradient into its zeros in place, as CUDA does.
+
+        ``index_backward`` (torch/csrc/autograd/FunctionsManual.cpp) calls ``_index_put_impl_`` on the fresh zeros
+        for plain tensors and the out-of-place ``index_put`` for tensor-subclass-like ones, which fake tensors
+        are: one buffer of the indexed tensor's size too many under a trace (a loss over the masked positions
+        of a 32k-vocabulary's logits: 500 MiB, the zoo's boolean_mask_loss 8 % over the H100's peak,
+        benchmarks/results/estimate/zoo_accuracy_h100_torch2.11_20261127.md). The result's storage takes over
+        the zeros' allocation, as in ``_accumulate_in_place``."""
+        if name != "index_put" or self.phase != "backward" or torch.is_grad_enabled():
+            return False
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        zeros = args[0]
+        if not accumulate or not isinstance(zeros, torch.Tensor) or not isinstance(out, torch.Tensor):
+            return False
+        if zeros.shape != out.shape or zeros.dtype != out.dtype or zeros.layout != torch.strided:
+            return False
+        storage = zeros.untyped_storage()
+        key = self._live.get(storage)
+        node = tp.current_autograd_node()
+        if key is None or node is None or tp.autograd_node_name(node) != "IndexBackward0" \
+                or self._born_in_node.get(key) != tp.autograd_node_key(node):
+            return False  # not the formula's own zeros
+        self._take_over(storage, key, out)
+        return True
+
+    def _take_over(self, storage: Any, key: int, out: torch.Tensor) -> None:
+        """``out``'s storage takes over the allocation ``key`` of ``storage``: CUDA wrote into that block in place
+        where the trace made a new one (its own allocation is never recorded)."""
+        self._finalizers.pop(key).detach()
+        del self._live[storage]
+        self.own(out.untyped_storage(), key)
+
+    def disown(self, storage: Any) -> None:
+        """Stop tracking ``storage``: its free is accounted for elsewhere (a copied step's events)."""
+        key = self._live.pop(storage, None)
+        if key is not None:
+            self._finalizers.pop(key).detach()
+            self._born_in_node.pop(key, None)
+
+    def mark(self, t: torch.Tensor | None, category: TracedCategory) -> None:
+        if t is None:
+            return
+        if t.layout != torch.strided:
+            for part in tp.sparse_parts(t):
+                self.mark(part, category)
+            return
+        key = self._live.get(t.untyped_storage())
+        if key is not None:
+            self.trace.allocs[key].category = category
+
+    def note_rule(self, reason: UncertaintyReason, detail: str) -> None:
+        """The trace relies on a rule here (the first detail of each reason is kept)."""
+        self.trace.uncertain.setdefault(reason, detail)
+
+    def record_kernel(self, nbytes: int, dispatches: int) -> None:
+        """One kernel the trace does not run (a compiled optimizer update), moving ``nbytes``."""
+        self.costs.record_kernel(nbytes, dispatches)
+
+    # ---------------------------------------------------------- dispatch hook
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _DEVICE_QUERY:
+            # C++ asks each fake tensor for its device thousands of times a step (autograd checks every grad's);
+            # the answer is a Python attribute, and nothing runs or allocates
+            return args[0].device
+        kwargs = kwargs or {}
+        if self.silent:
+            return func(*args, **kwargs)
+        name = tp.op_short_name(func)
+        call = None  # the index of a value-dependent op in this forward and loss, in RealForward's order
+        if self.phase in ("forward", "loss") and is_dynamic(func, name):
+            call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
+        condition = None  # the index of a bool() read in this forward and loss, in RealForward.conditions' order
+        if self.phase in ("forward", "loss") and name == "_local_scalar_dense" and args[0].dtype == torch.bool:
+            condition, self._conditions = self._conditions, self._conditions + 1
+        if name in sparse.RULES and not self.real:
+            # sparse COO tensors (sparse gradients): FakeTensorMode's kernels lose their nnz or have none
+            try:
+                result = sparse.RULES[name](self.sparse, args, kwargs)
+            except sparse.SparseValuesNeeded as exc:
+                raise ValuesNeededToTrace(str(exc), user_frame(), False, self._param_bytes()) from exc
+            if result is not None:
+                out, scratch, let_go = result
+                self.costs.record(func, name, args, kwargs, out)
+                for t in output_tensors(out):
+                    self.track(t, name)
+                self._transient(scratch, f"{name}_scratch", optional=False)
+                del let_go  # the tensors the op replaced: freed now, after its output was allocated
+                return out
+        if _IN_PLACE_FOREACH[func] and not self.real:
+            results = sparse.foreach_in_place(self.sparse, name, args, kwargs)
+            if results is not None:  # sparse tensors: one op per tensor, as CUDA falls back to
+                self.costs.record(func, name, args, kwargs, None)
+                for result in results:
+                    if result is not None:
+                        self.track(result[0], name)
+                        self._transient(result[1], f"{name}_scratch", optional=False)
+                del results  # what the ops replaced goes now, after their outputs were allocated
+                return None
+        if _IN_PLACE_FOREACH[func] and _no_constants(args):
+            # an in-place foreach op (the optimizer's updates) allocates nothing, and fake tensors have no values
+            # to update: FakeTensorMode would only check shapes, at 0.2-0.4 ms a tensor. Tensors with a constant
+            # value (the optimizer's step counts, whose .item() the step reads) still go through it.
+            self.costs.record(func, name, args, kwargs, None)
+            return None
+        if name == "_local_scalar_dense":
+            top = (self._draw_top.get(args[0].untyped_storage())
+                   if args[0].dtype != torch.bool and self.phase in ("forward", "loss") else None)
+            if top is not None:  # a draw read as a number: its largest, in the real forward and the trace alike
+                self.trace.uncertain.setdefault("value_read", f"a random draw read at {user_frame()} was taken at "
+                                                f"its largest ({top}): other draws may pick smaller sizes")
+                self.costs.record(func, name, args, kwargs, top)
+                return top
+            known = self.values.scalar(args[0])
+            if known is not None:  # a value computed from constants: the real one, no guess
+                if self.real and condition is not None and self.real_forward is not None:
+                    self.real_forward.conditions.append(bool(known))
+                self.costs.record(func, name, args, kwargs, known, sync=not self._is_optimizer_state(args[0]))
+                return known
+        try:
+            out = (self.stand_ins(func, name, args, kwargs)
+                   if self.stand_ins is not None and self.phase in ("forward", "loss") else None)
+            if out is None:
+                out = func(*args, **kwargs)
+            if name == "_scaled_dot_product_flash_attention_for_cpu_backward" and not self.real:
+                out = kernel_scratch.cuda_attention_grads(out, args[1:4])
+        except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
+            real = self.values.run(func, name, args, kwargs)
+            if real is not None:  # its size depends on values that are known: a fake output of the real size
+                out = _fake_like(real)
+                self.values.keep(out, real)
+                self.mask_counts.learn(name, args, out)
+                for t in output_tensors(out):
+                    self.track(t, name)
+                return out
+            if name == "_local_scalar_dense":  # a value read (bool(), .item()): no size, a value to decide
+                out = self._data_dependent_scalar(args[0], condition)
+            else:
+                out = self._sized_without_all_values(name, args, kwargs, call)
+                if out is not None:
+                    self.mask_counts.learn(name, args, out)
+                    self.costs.record(func, name, args, kwargs, out)
+                    for t in output_tensors(out):
+                        self.track(t, name)
+                    return out
+                if self.building_model and isinstance(exc, tp.DynamicOutputShapeException):
+                    # the constructor cannot even be faked (torch.unique sizes a layer): build it for real instead,
+                    # see trace_setup.build_model. A constructor's .item() reads 0 below, as in the step: timm's models read
+                    # their drop-path rates that way, and a real build costs host memory for every parameter.
+                    raise ValuesNeededToBuild(name) from exc
+                if isinstance(exc, tp.DynamicOutputShapeException):
+                    # the size depends on values made from data (a detector's matched boxes): run the step for real
+                    raise ValuesNeededToTrace(name, user_frame(), self._reads_model(deciding_inputs(name, args)),
+                                               self._param_bytes()) from exc
+                raise
+        except tp.UnsupportedOperatorException as exc:
+            if name == "_ctc_loss_backward":
+                out, scratch = ctc_loss_backward(args)
+                self.costs.record(func, name, args, kwargs, out)
+                self.track(out, name)
+                self._transient(scratch, f"{name}_scratch", optional=False)
+                return out
+            if tp.op_returns_nothing(func):
+                # an op that returns nothing only updates its arguments in place (fused SGD has no fake kernel in
+                # torch 2.13): there is no output to fake and no storage to track
+                out = None
+            else:
+                raise TraceError(
+                    f"the op {func} has no fake (meta) implementation in torch {torch.__version__}, so memfit "
+                    "cannot trace it without running it for real. Use `memfit measure` on a GPU for this model."
+                ) from exc
+        except RuntimeError:
+            if name != "_grouped_mm" or not _float32_inputs(args):
+                raise
+            # the meta kernel refuses fp32 (MoE experts under autocast); CUDA's kernel runs it, as the H200 corpus
+            # measured (benchmarks/results/estimate/corpus_measurements_h200_*: c056-c061): shapes from a bf16 call
+            out = func(*[a.bfloat16() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args],
+                       **kwargs).float()
+        if self.real:
+            if call is not None and self.real_forward is not None:
+                self.real_forward.keep(name, args, out)
+            if condition is not None and self.real_forward is not None:
+                self.real_forward.conditions.append(bool(out))
+        elif self.values.small(out):
+            real = self.values.run(func, name, args, kwargs, random=self.batch_values and self.phase == "data")
+            if real is not None:
+                self.values.keep(out, real)
+            self.bounds.follow(name, args, kwargs, out)
+        else:
+            self.values.forget_written(func, args)
+            self.bounds.follow(name, args, kwargs, out)
+        if not self.real and self.phase in ("forward", "loss"):
+            if self._reads_model(args):
+                for t in output_tensors(out):
+                    self._from_model[t.untyped_storage()] = True
+            if name in RANDOM_OPS or reads(self._drawn, args):
+                for t in output_tensors(out):
+                    self._drawn[t.untyped_storage()] = True
+        if self.phase in ("forward", "loss") and name in RANDOM_OPS:
+            top = largest_draw(name, args, kwargs, out)
+            if top is not None:
+                self._draw_top[out.untyped_storage()] = top
+        # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
+        # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
+        recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
+        # reentrant checkpointing recomputes inside its own node's backward; non-reentrant inside whichever node
+        # unpacks a saved tensor first
+        reentrant = recompute and tp.autograd_node_name(tp.current_autograd_node()) == "CheckpointFunctionBackward"
+        if reentrant and name == "convolution" and "reentrant_checkpoint" not in self.trace.uncertain:
+            self.note_rule("reentrant_checkpoint", f"{self.module_stack[-1]}: a convolution recomputed by reentrant "
+                           "checkpointing, in a nested backward")
+        self.costs.record(func, name, args, kwargs, out, recompute=recompute, reentrant=reentrant,
+                          selective=selective_regions.depth > 0,
+                          sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
+        if name == "convolution":
+            self.track(out, name)
+            self._transient(self._conv_workspace(args[0], args[1], out, args[3], args[6], args[8]))
+            return out
+        if name == "convolution_backward":
+            # measured: one layout-conversion block per backward (the data and filter calls share it), sized
+            # like the forward one (benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json, bwd_ws)
+            for t in out:
+                if t is not None:
+                    self.track(t, name)
+            if out[0] is not None or out[1] is not None:
+                layout = self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9], backward=True)
+                narrow = self._narrow_dgrad_workspace(args[1], args[2], args[4], args[6], args[7], args[9]) \
+                    if out[0] is not None else 0
+                self._transient(max(layout, narrow))
+            return out
+        if self._accumulate_in_place(name, args, kwargs, out) or self._index_put_in_place(name, args, kwargs, out):
+            return out
+        outputs = output_tensors(out)
+        order = kernel_scratch.ALLOCATION_ORDER.get(name)
+        if order is not None and len(outputs) == len(order):
+            outputs = [outputs[i] for i in order]
+        # layer_norm_cuda: X = input.expect_contiguous() comes before the outputs and goes when the op returns (a
+        # frozen ViT-B/16's stream, fit-side probe s1327_frozen_cnn_r501: the copy taken after the outputs packed
+        # its blocks otherwise and put its cap 4 % low). Backward keeps the copy after its outputs (fit probe
+        # s1327_tv_cls_03, a ViT: 0.2 % nearer its stream's cap so)
+        copy_bytes = kernel_scratch.layer_norm_copy_bytes(name, args)
+        copy = self._alloc(copy_bytes, f"{name}_scratch", (), "uint8", "workspaces") if copy_bytes else None
+        for t in outputs:
+            self.track(t, name)
+        if copy is not None:
+            self._free(copy)
+        if name in kernel_scratch.CUBLAS_OPS:
+            # inside the op: the structured kernel allocates the output, then the cuBLAS call takes its workspace
+            self._maybe_cublas_workspace()
+        self._transients(kernel_scratch.kernel_transients(name, args, out, self.gpu), f"{name}_scratch")
+        return out
+
+    def _sized_without_all_values(self, name: str, args: Any, kwargs: dict[str, Any], call: int | None) -> Any:
+        """The output of a value-dependent op whose inputs' values are not all known (memfit.estimate.data_dependent):
+        a provable size, a size decided by the inputs that have values, or what the real forward's op returned."""
+        if name == "bincount":
+            out = self.bounds.bincount(args, kwargs)
+            if out is not None:
+                return out
+        solved = size_from_known_values(name, args, kwargs, self.values.value)
+        if solved is not None:
+            out, real = solved
+            if real is not None:
+                for f, r in zip(output_tensors(out), real if isinstance(real, (tuple, list)) else (real,)):
+                    if r is not None:
+                        self.values.keep(f, r)
+            self._sized_by("the batch's values", name)
+            return out
+        found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
+        if found is None:  # a mask sized in forward indexes again in backward (``x[mask] = v``)
+            return self.mask_counts.index(name, args)
+        outs: list[Any] = [None if t is None else _fake_like(t) for t in found.outputs]
+        for f, r in zip(outs, found.outputs):
+            if f is not None and r is not None and r.device.type != "meta":
+                self.values.keep(f, r)
+        self._sized_by("one real CPU forward", name)
+        return tuple(outs) if found.multiple else outs[0]
+
+    def _sized_by(self, source: str, name: str) -> None:
+        """Note that a value-dependent size came from ``source`` (a retry's values): the bound widens for it
+        (``trace_workload``'s message replaces this one where such a size caused the retry)."""
+        self.trace.uncertain.setdefault("data_dependent_shape", f"{name} at {user_frame()}: sizes from {source}")
+
+
+    def _narrow_dgrad_workspace(self, x: torch.Tensor, w: torch.Tensor, stride: Any, dilation: Any,
+                                transposed: bool, groups: int) -> int:
+        """The input gradient's workspace of a narrow half-precision 3x3 convolution (``workspaces``, measured)."""
+        shape = dict(itemsize=x.element_size(), stride=stride, dilation=dilation, groups=groups, transposed=transposed)
+        if ws.narrow_dgrad_unsure(x.shape, w.shape, **shape) and "conv_workspace_extrapolated" not in self.trace.uncertain:
+            where = self.module_stack[-1] if self.module_stack else "a convolution"
+            self.trace.uncertain["conv_workspace_extrapolated"] = (
+                f"{where}: a 3x3 convolution to {w.shape[0]} channels in half precision, whose input gradient "
+                "cuDNN computes with a 72-image workspace at some sizes"
+            )
+        return ws.narrow_dgrad_workspace_bytes(x.shape, w.shape, **shape)
+
+    def _conv_workspace(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any, transposed: bool,
+                        groups: int, *, backward: bool = False) -> int:
+        spatial = max(x.shape[2:], default=0)
+        if spatial > ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0) and "conv_workspace_extrapolated" not in self.trace.uncertain:
+            where = self.module_stack[-1] if self.module_stack else "a convolution"
+            self.trace.uncertain["conv_workspace_extrapolated"] = (
+                f"{where}: a {x.dim() - 2}-D convolution over {tuple(x.shape[2:])}, larger than the calibrated "
+                f"{ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)} per axis"
+            )
+        call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
+                    half=x.element_size() == 2, backward=backward, fp16=x.dtype == torch.float16)
+        unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
+        if unsure > self.trace.uncertain_bytes.get("conv_workspace_erratic", 0):
+            where = self.module_stack[-1] if self.module_stack else "a convolution"
+            what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
+                    if groups > 1 else f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} "
+                    f"channels over {tuple(x.shape[2:])} in half precision")
+            self.trace.uncertain["conv_workspace_erratic"] = (
+                f"{where}: {what}, where cuDNN's workspace was erratic: the bound adds {unsure / 2**20:.0f} MiB")
+            self.trace.uncertain_bytes["conv_workspace_erratic"] = unsure
+        return ws.conv_workspace_bytes(x.shape, w.shape, y.shape, **call)
+
+    def _transients(self, sizes: list[int], op: str) -> None:
+        """Blocks a kernel takes one after another and gives back in reverse order (C++ locals going out of scope)
+        before the op returns."""
+        keys = [self._alloc(n, op, (), "uint8", "workspaces") for n in sizes]
+        for key in reversed(keys):
+            self._free(key)
+
+    def _transient(self, nbytes: int, op: str = "cudnn_workspace", *, optional: bool = True) -> None:
+        """A block a library takes inside one call and gives back before the call returns; ``optional`` when
+        the library can do without it (cuDNN picks an algorithm that needs less)."""
+        if nbytes > 0:
+            key = self._alloc(nbytes, op, (), "uint8", "workspaces")
+            self.trace.allocs[key].optional = optional
+            self._free(key)
+
+    def _is_optimizer_state(self, t: torch.Tensor) -> bool:
+        # torch.optim keeps the `step` counters on the CPU unless capturable or fused (adam.py, _init_group), so
+        # reading one is no GPU sync; they are marked optimizer_state from the end of the first step on
+        key = self._live.get(t.untyped_storage())
+        return key is not None and self.trace.allocs[key].category == "optimizer_state"
+
+    def from_model(self, t: torch.Tensor) -> None:
+        """``t`` holds the model's values (a parameter or buffer)."""
+        self._from_model[t.untyped_storage()] = True
+
+    def _reads_model(self, args: Any) -> bool:
+        return reads(self._from_model, args)
+
+    def _param_bytes(self) -> int:
+        return sum(a.nbytes for a in self.trace.allocs if a.category == "params")
+
+    def _data_dependent_scalar(self, t: torch.Tensor, condition: int | None) -> Any:
+        # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
+        if self.phase == "optimizer":
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        if in_initializer():
+            # torch.nn.init's functions only write the values of the tensor they are given: their conditions
+            # (trunc_normal_'s rejection loop asks `mask.any()`) decide which values, never which tensors exist
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        if t.dtype == torch.bool and reads(self._drawn, [t]):
+            # a fresh draw each step (LayerDrop's `torch.rand([]) < p`): no one run decides it. False is the draw at
+            # which stochastic depth and LayerDrop skip nothing, their largest step
+            self.trace.uncertain.setdefault("value_branch", f"a condition on a random draw at {user_frame()} was "
+                                            "taken as False (LayerDrop and stochastic depth then skip nothing)")
+            return False
+        recorded = self.real_forward.conditions if self.real_forward is not None else []
+        if condition is not None and condition < len(recorded):
+            return recorded[condition]  # what the real forward's condition at this place in the order was
+        if t.dtype == torch.bool and self.phase in ("forward", "loss") and self.real_forward is None \
+                and not self.building_model:
+            # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
+            # decide it, as for a value-dependent size (trace_workload), rather than take a branch real data may not
+            raise ValuesNeededToTrace(CONDITION, user_frame(), self._reads_model([t]), self._param_bytes())
+        # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
+        reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
+        if reason not in self.trace.uncertain:
+            module = self.module_stack[-1] if self.module_stack else self.phase
+            self.trace.uncertain[reason] = (
+                f"a condition on tensor values at {user_frame()} ({module}) was taken as False" if reason == "value_branch"
+                else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
+        if not self._warned_item:
+            self._warned_item = True
+            msg = (
+                "the step reads a tensor value with .item() or similar; fake tensors have none, so memfit used 0. "
+                "Memory is right unless control flow depends on that value."
+            )
+            self.trace.warnings.append(msg)
+            log.warning(msg)
+        if t.dtype == torch.bool:
+            return False
+        return 0 if not t.is_floating_point() else 0.0
+
+    def _maybe_cublas_workspace(self) -> None:
+        # cuBLAS keeps one workspace per (handle, stream); handles are per thread and CUDA's autograd engine runs
+        # backward on its own device thread, so forward and backward each get one (aten/src/ATen/cuda/
+        # CublasHandlePool.cpp). The size is per GPU architecture (GpuSpec.cublas_workspace_bytes).
+        thread = "backward" if self.phase == "backward" else "main"
+        if thread in self._workspace_threads or self.gpu.cublas_workspace_bytes <= 0:
+            return
+        self._workspace_threads.add(thread)
+        self.trace.uses_cublas = True
+        self._alloc(self.gpu.cublas_workspace_bytes, "cublas_workspace", (), "uint8", "workspaces")
+
+    # ----------------------------------------------------- module attribution
+    def pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self.module_stack.append(self.module_names.get(id(module), type(module).__name__))
+        self.costs.module_call()
+
+    def post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.module_stack:
+            self.module_stack.pop()

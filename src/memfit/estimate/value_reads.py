@@ -1,0 +1,166 @@
+"""Tensor values the trace reads but fake tensors do not have: conditions, ``.item()``, ``.numpy()``, random draws.
+
+The recorder (``memfit.estimate.recorder``) answers what it can from known values; what it cannot, it hands to
+the driver (``memfit.estimate.trace``) as ``ValuesNeededToTrace``, which traces again with the values of one
+random batch or of one real CPU forward. This module holds what both sides name: where in the user's code a
+value was read (``user_frame``), the random ops and their largest draws, and the ``.numpy()`` hook.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from memfit import _torch_private as tp
+
+if TYPE_CHECKING:
+    from memfit.estimate.recorder import Recorder
+
+__all__ = ["CONDITION", "HOST_COPY", "RANDOM_OPS", "HostCopies", "ValuesNeededToTrace", "in_initializer",
+           "largest_draw", "reads", "user_frame"]
+
+
+# frames in these folders are torch's or memfit's own; the first other frame is where the user's code is
+_LIBRARY_DIRS = (str(Path(torch.__file__).parent) + os.sep, str(Path(__file__).parents[1]) + os.sep)
+
+
+def user_frame() -> str:
+    """``file.py:LINE in function`` of the innermost frame in the user's code (not torch's, not memfit's)."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<"):
+            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    return "an unknown place"
+
+
+_INIT_FILE = str(Path(torch.nn.init.__file__))
+
+
+def in_initializer() -> bool:
+    """The running code is inside one of ``torch.nn.init``'s parameter initializers."""
+    return any(frame.filename == _INIT_FILE for frame in traceback.extract_stack())
+
+
+RANDOM_OPS = frozenset(
+    "rand rand_like randn randn_like randint randint_like randperm bernoulli normal multinomial "
+    "bernoulli_ normal_ uniform_ exponential_ geometric_ cauchy_ log_normal_ random_".split())
+"""Ops that draw from the random generator (as ``memfit._torch_private.op_short_name`` names them). Not dropout:
+its output is its input's values, scaled, so a condition on a dropped-out activation (DETR's matcher checks the
+predicted boxes) is a condition on the model's values, which the real forward decides."""
+
+
+def largest_draw(name: str, args: Any, kwargs: dict[str, Any], out: Any) -> float | int | None:
+    """The largest value a one-element draw of ``name`` can take, or None for other draws.
+
+    A draw read as a number in forward usually picks a size: torchvision's detection transform resizes each
+    training batch to ``min_size[int(torch.empty(1).uniform_(0, len(min_size)).item())]`` (multi-scale training,
+    Keypoint R-CNN's default). The largest value picks the largest scale, the step's largest memory, and the real
+    forward and the trace then read the same number."""
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        return None
+    if name == "uniform_":  # (self, from=0, to=1): values in [from, to)
+        low = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
+        high = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
+    elif name in ("rand", "rand_like"):
+        low, high = 0.0, 1.0
+    elif name in ("randint", "randint_like"):  # (high, size) or (low, high, size): integers in [low, high)
+        ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+        if not ints:
+            return None
+        return (ints[1] if len(ints) > 1 else ints[0]) - 1
+    else:
+        return None
+    if out.is_floating_point():  # the largest value below `high` in the draw's own precision
+        return float(torch.nextafter(torch.tensor(float(high), dtype=out.dtype),
+                                     torch.tensor(float(low), dtype=out.dtype)))
+    return None
+
+
+def reads(storages: Any, args: Any) -> bool:
+    """Whether any tensor among ``args`` (nested in lists) has its storage in ``storages``."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.layout == torch.strided and a.untyped_storage() in storages:
+                return True
+        elif isinstance(a, (list, tuple)) and reads(storages, a):
+            return True
+    return False
+
+
+CONDITION = "a condition on tensor values"
+"""What ``ValuesNeededToTrace`` names for a ``bool()`` of a value the trace does not have (an ``if`` on a tensor)."""
+
+
+class ValuesNeededToTrace(Exception):
+    """An op of the step sizes its output by values computed from data: (op, where in the user's code, whether
+    the values come from the model's parameters, so that the batch's values cannot decide them, and the bytes of
+    the model's parameters)."""
+
+
+HOST_COPY = "a copy to host memory (.numpy())"
+"""What ``ValuesNeededToTrace`` names for ``.numpy()`` of a tensor whose values the trace does not have."""
+
+
+_TORCH_NUMPY = torch.Tensor.numpy  # torch's own, taken at import (HostCopies replaces it for a while)
+
+
+class HostCopies:
+    """``.numpy()`` (and NumPy's ``np.asarray`` of a tensor, which calls it) in forward and loss, which fake tensors
+    refuse.
+
+    A step that hands values to NumPy or SciPy (DETR's Hungarian matching) gets them as the op-level values do:
+    computed, where they are known (from constants or the batch's values); else what the real forward's copy in
+    the same place in call order gave, if it had the same shape; else the step is traced again with them
+    (``ValuesNeededToTrace``). The real forward keeps what each copy gave (``RealForward.host_copies``).
+
+    Inside, ``torch.Tensor.numpy`` is this object's ``numpy`` for the thread that entered (other threads get
+    torch's). It was a ``TorchFunctionMode``, which runs Python for every torch call of the step, ``.shape``
+    included: 15 % of timm MaxViT-T's estimate on a 2-core CPU (14.1 s against 11.9;
+    ``benchmarks/results/estimate/estimate_time_hostcopies_cpu_torch2.14_20261128.md``).
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._thread = threading.get_ident()
+        self._own: Any = None  # what torch.Tensor's own dict held under "numpy" (None: inherited)
+
+    def __enter__(self) -> HostCopies:
+        self._own = torch.Tensor.__dict__.get("numpy")
+        host_copies = self
+
+        def numpy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return host_copies.numpy(t, *args, **kwargs)
+
+        torch.Tensor.numpy = numpy  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._own is None:
+            del torch.Tensor.numpy
+        else:
+            torch.Tensor.numpy = self._own  # type: ignore[method-assign]
+
+    def numpy(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        r = self.recorder
+        if threading.get_ident() != self._thread or r.phase not in ("forward", "loss"):
+            return _TORCH_NUMPY(t, *args, **kwargs)
+        index, r.host_copies = r.host_copies, r.host_copies + 1
+        if r.real:
+            out = _TORCH_NUMPY(t, *args, **kwargs)
+            if r.real_forward is not None:
+                r.real_forward.host_copies.append(out.copy())
+            return out
+        known = r.values.value(t)
+        if known is not None:
+            with tp.no_dispatch_modes():  # the real tensor's own values, not the fake mode's
+                return _TORCH_NUMPY(known, *args, **kwargs)
+        recorded = r.real_forward.host_copies if r.real_forward is not None else []
+        if index < len(recorded) and tuple(recorded[index].shape) == tuple(t.shape):
+            r.trace.uncertain.setdefault("data_dependent_shape", f".numpy() at {user_frame()}: values from one "
+                                         "real CPU forward")
+            return recorded[index]
+        raise ValuesNeededToTrace(HOST_COPY, user_frame(), r._reads_model([t]), r._param_bytes())
