@@ -37,12 +37,10 @@ from memfit.estimate.data_dependent import (
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.op_costs import OpCounter
 from memfit.estimate.trace_record import Alloc, Trace, output_tensors
-from memfit.estimate.trace_setup import (
-    ValuesNeededToBuild,
-)
 from memfit.estimate.value_reads import (
     CONDITION,
     RANDOM_OPS,
+    ValuesNeededToBuild,
     ValuesNeededToTrace,
     in_initializer,
     largest_draw,

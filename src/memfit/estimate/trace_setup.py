@@ -19,11 +19,12 @@ from memfit import _torch_private as tp
 from memfit.estimate.cudnn_rnn import flatten_weights
 from memfit.estimate.optimizer_twins import stand_in
 from memfit.estimate.step_copies import grad_keys
+from memfit.estimate.value_reads import ValuesNeededToBuild
 
 if TYPE_CHECKING:
     from memfit.estimate.recorder import Recorder
 
-__all__ = ["ForwardRecorded", "ValuesNeededToBuild", "build_model", "cuda_default_optimizer", "on_phase",
+__all__ = ["ForwardRecorded", "build_model", "cuda_default_optimizer", "on_phase",
            "register_model", "stand_in_optimizer"]
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,6 @@ log = logging.getLogger(__name__)
 
 class ForwardRecorded(Exception):
     """The real forward and loss of the first step ran (``RealForward``): the rest of the step is not needed."""
-
-
-class ValuesNeededToBuild(Exception):
-    """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
 
 
 def stand_in_optimizer(optimizer: torch.optim.Optimizer, state: str, *, recorder: Recorder) -> torch.optim.Optimizer:

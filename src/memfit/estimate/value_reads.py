@@ -3,25 +3,19 @@
 The recorder (``memfit.estimate.recorder``) answers what it can from known values; what it cannot, it hands to
 the driver (``memfit.estimate.trace``) as ``ValuesNeededToTrace``, which traces again with the values of one
 random batch or of one real CPU forward. This module holds what both sides name: where in the user's code a
-value was read (``user_frame``), the random ops and their largest draws, and the ``.numpy()`` hook.
+value was read (``user_frame``), the random ops and their largest draws, and the errors that ask the driver for values.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from memfit import _torch_private as tp
-
-if TYPE_CHECKING:
-    from memfit.estimate.recorder import Recorder
-
-__all__ = ["CONDITION", "HOST_COPY", "RANDOM_OPS", "HostCopies", "ValuesNeededToTrace", "in_initializer",
+__all__ = ["CONDITION", "RANDOM_OPS", "ValuesNeededToBuild", "ValuesNeededToTrace", "in_initializer",
            "largest_draw", "reads", "user_frame"]
 
 
@@ -101,66 +95,5 @@ class ValuesNeededToTrace(Exception):
     the model's parameters)."""
 
 
-HOST_COPY = "a copy to host memory (.numpy())"
-"""What ``ValuesNeededToTrace`` names for ``.numpy()`` of a tensor whose values the trace does not have."""
-
-
-_TORCH_NUMPY = torch.Tensor.numpy  # torch's own, taken at import (HostCopies replaces it for a while)
-
-
-class HostCopies:
-    """``.numpy()`` (and NumPy's ``np.asarray`` of a tensor, which calls it) in forward and loss, which fake tensors
-    refuse.
-
-    A step that hands values to NumPy or SciPy (DETR's Hungarian matching) gets them as the op-level values do:
-    computed, where they are known (from constants or the batch's values); else what the real forward's copy in
-    the same place in call order gave, if it had the same shape; else the step is traced again with them
-    (``ValuesNeededToTrace``). The real forward keeps what each copy gave (``RealForward.host_copies``).
-
-    Inside, ``torch.Tensor.numpy`` is this object's ``numpy`` for the thread that entered (other threads get
-    torch's). It was a ``TorchFunctionMode``, which runs Python for every torch call of the step, ``.shape``
-    included: 15 % of timm MaxViT-T's estimate on a 2-core CPU (14.1 s against 11.9;
-    ``benchmarks/results/estimate/estimate_time_hostcopies_cpu_torch2.14_20261128.md``).
-    """
-
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
-        self._thread = threading.get_ident()
-        self._own: Any = None  # what torch.Tensor's own dict held under "numpy" (None: inherited)
-
-    def __enter__(self) -> HostCopies:
-        self._own = torch.Tensor.__dict__.get("numpy")
-        host_copies = self
-
-        def numpy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            return host_copies.numpy(t, *args, **kwargs)
-
-        torch.Tensor.numpy = numpy  # type: ignore[method-assign,assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._own is None:
-            del torch.Tensor.numpy
-        else:
-            torch.Tensor.numpy = self._own  # type: ignore[method-assign]
-
-    def numpy(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        r = self.recorder
-        if threading.get_ident() != self._thread or r.phase not in ("forward", "loss"):
-            return _TORCH_NUMPY(t, *args, **kwargs)
-        index, r.host_copies = r.host_copies, r.host_copies + 1
-        if r.real:
-            out = _TORCH_NUMPY(t, *args, **kwargs)
-            if r.real_forward is not None:
-                r.real_forward.host_copies.append(out.copy())
-            return out
-        known = r.values.value(t)
-        if known is not None:
-            with tp.no_dispatch_modes():  # the real tensor's own values, not the fake mode's
-                return _TORCH_NUMPY(known, *args, **kwargs)
-        recorded = r.real_forward.host_copies if r.real_forward is not None else []
-        if index < len(recorded) and tuple(recorded[index].shape) == tuple(t.shape):
-            r.trace.uncertain.setdefault("data_dependent_shape", f".numpy() at {user_frame()}: values from one "
-                                         "real CPU forward")
-            return recorded[index]
-        raise ValuesNeededToTrace(HOST_COPY, user_frame(), r._reads_model([t]), r._param_bytes())
+class ValuesNeededToBuild(Exception):
+    """The model's constructor sizes a tensor by tensor values (``torch.unique``), which fake tensors lack."""
