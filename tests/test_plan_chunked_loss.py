@@ -17,7 +17,8 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import gpu_spec
 from memfit.estimate.op_costs import PhaseCost, StepCost
 from memfit.plan.records import Candidate, Config, Plan
-from memfit.plan.search import DEFAULT_MARGIN, Search, _memory_models, divisors, plan
+from memfit.plan.search import DEFAULT_MARGIN, _memory_models, plan
+from memfit.plan.search_state import Search, divisors
 from memfit.workload.chunked_cross_entropy import causal_lm_loss
 from memfit.workload.models import CausalLM
 from memfit.workload.spec import Workload

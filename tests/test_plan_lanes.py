@@ -80,9 +80,9 @@ def test_planning_one_lane_or_two_gives_the_same_plan(monkeypatch: pytest.Monkey
             super().__init__(make)
             made.append(self)
 
-    from memfit.plan import search
+    from memfit.plan import search, search_state
 
-    monkeypatch.setattr(search, "TraceLane", Counted)
+    monkeypatch.setattr(search_state, "TraceLane", Counted)
     workload, allocator = plan_unet(), AllocatorConfig()
     # a budget where the walk settles several structures: the lane has guesses to make
     budget = 700 << 20
@@ -100,13 +100,13 @@ def test_a_trace_from_the_lane_is_replayed_with_the_allocator_its_configuration_
     if not lane_is_useful():
         pytest.skip("no lane here (one CPU, or other threads): plans never fork")
     from memfit.estimate.gpus import gpu_spec
-    from memfit.plan.search import Search, _Structure
+    from memfit.plan.search_state import Search, Structure
 
     def search() -> Search:
         return Search(plan_unet().replace(keep_output=False), gpu_spec(None), AllocatorConfig(), 1 << 62, 8, None,
                       False)
 
-    expandable = _Structure("fp32").config(8, 8, expandable=True)  # 8 × 1: 186 MiB with them, 208 without
+    expandable = Structure("fp32").config(8, 8, expandable=True)  # 8 × 1: 186 MiB with them, 208 without
     plain = dataclasses.replace(expandable, expandable_segments=False)
     two = search()
     with two.side_lane():

@@ -17,7 +17,8 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import gpu_spec
 from memfit.plan.patch import patch_ladder, plan_patch
 from memfit.plan.records import Config
-from memfit.plan.search import DEFAULT_MARGIN, Search
+from memfit.plan.search import DEFAULT_MARGIN
+from memfit.plan.search_state import Search
 from memfit.workload.spec import Workload
 
 START, MULTIPLE, BATCH = (256, 224), (32, 32), 2

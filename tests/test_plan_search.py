@@ -21,21 +21,9 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import gpu_spec
 from memfit.estimate.op_costs import OpCost, PhaseCost, StepCost
 from memfit.plan.records import Candidate, Config
-from memfit.plan.search import (
-    DEFAULT_MARGIN,
-    LAYOUT_CHANGE_GAIN,
-    Search,
-    _cost_at,
-    _expandable_floor,
-    _frontier,
-    _memory_models,
-    _MemoryModel,
-    _speed_key,
-    _Structure,
-    _structure,
-    divisors,
-    plan,
-)
+from memfit.plan.search import DEFAULT_MARGIN, _frontier, _memory_models, plan
+from memfit.plan.search_state import Search, Structure, cost_at, divisors, structure_of
+from memfit.plan.walk import LAYOUT_CHANGE_GAIN, MemoryModel, _expandable_floor, speed_key
 from memfit.workload.spec import Workload
 from memfit.workload.zoo import builtin_workload
 
@@ -48,8 +36,8 @@ class Grid:
     """Every configuration the planner considers, estimated exactly (the search's own code, all of it run)."""
 
     search: Search
-    structures: list[_Structure]
-    models: dict[_Structure, _MemoryModel]
+    structures: list[Structure]
+    models: dict[Structure, MemoryModel]
     configs: list[Config]
 
     def need(self, c: Config) -> int:
@@ -75,7 +63,7 @@ class Grid:
 
     def line(self, c: Config) -> int:
         """What the memory line alone predicts for ``c``'s device memory."""
-        return self.models[_Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last)].fits_in(
+        return self.models[Structure(c.precision, c.checkpoint, c.optimizer_impl, c.channels_last)].fits_in(
             c.micro_batch) + self.search.context_bytes
 
 
@@ -185,7 +173,7 @@ def test_need_floor_is_below_every_larger_configurations_exact_need(grid: Grid):
     pairs = 0
     for a in grid.configs:
         for b in grid.configs:
-            if _structure(a) == _structure(b) and 1 < b.accumulation_steps <= a.accumulation_steps:
+            if structure_of(a) == structure_of(b) and 1 < b.accumulation_steps <= a.accumulation_steps:
                 for variant in (b, dataclasses.replace(b, expandable_segments=True)):
                     floor = grid.search.need_floor(a)
                     assert floor <= grid.need(variant)
@@ -202,7 +190,7 @@ def test_whole_batch_floor_is_below_every_larger_configuration_without_accumulat
     pairs, below_own_need = 0, 0
     for a in grid.configs:
         for b in grid.configs:
-            if _structure(a) == _structure(b) and a.accumulation_steps > 1 == b.accumulation_steps:
+            if structure_of(a) == structure_of(b) and a.accumulation_steps > 1 == b.accumulation_steps:
                 floor = grid.search.whole_batch_floor(a)
                 for variant in (b, dataclasses.replace(b, expandable_segments=True)):
                     assert floor <= grid.need(variant), (a.label(), variant.label())
@@ -231,8 +219,8 @@ def test_whole_batch_floor_reads_the_first_micro_batch_of_the_steady_step():
     (the 20 MiB block made before it still alive); step 0 and step 1's second micro-batch, with 300 MiB alive, do
     not count. The floor is (120 MiB - WHOLE_BATCH_SLACK) × (1 + BASE_MARGIN) + the context."""
     from memfit.estimate.bound import BASE_MARGIN
-    from memfit.estimate.trace import Alloc, Trace
-    from memfit.plan.search import WHOLE_BATCH_SLACK
+    from memfit.estimate.trace_record import Alloc, Trace
+    from memfit.plan.search_state import WHOLE_BATCH_SLACK
 
     MiB = 1 << 20
     sizes = [20, 300, 100, 300]
@@ -245,7 +233,7 @@ def test_whole_batch_floor_reads_the_first_micro_batch_of_the_steady_step():
         trace.keys.append(key)
     trace.phase_marks = [(0, "forward", 0), (3, "forward", 1), (5, "forward", 1), (7, "end", 2)]
     search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
-    config = _Structure("fp32").config(1, EFF)
+    config = Structure("fp32").config(1, EFF)
     search.traces[config] = trace
     assert search.whole_batch_floor(config) == (int((120 * MiB - WHOLE_BATCH_SLACK) * (1 + BASE_MARGIN))
                                                 + gpu_spec("h100").context_bytes(False))
@@ -256,7 +244,7 @@ def test_need_floor_is_the_required_peak_widened_by_the_bounds_margin_plus_the_l
     freed before them neither), so the peak is 160 MiB; the floor is 160 MiB × (1 + BASE_MARGIN) + the context,
     with cuBLAS's handles where the step calls cuBLAS."""
     from memfit.estimate.bound import BASE_MARGIN
-    from memfit.estimate.trace import Alloc, Trace
+    from memfit.estimate.trace_record import Alloc, Trace
 
     MiB = 1 << 20
     sizes = [(40 * MiB, False), (100 * MiB, False), (500 * MiB, True), (60 * MiB, False)]
@@ -265,10 +253,10 @@ def test_need_floor_is_the_required_peak_widened_by_the_bounds_margin_plus_the_l
         trace.ops.append(op)
         trace.keys.append(key)
     search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
-    config = _Structure("fp32").config(1, EFF)
+    config = Structure("fp32").config(1, EFF)
     search.traces[config] = trace
     assert search.need_floor(config) == int(160 * MiB * (1 + BASE_MARGIN)) + gpu_spec("h100").context_bytes(False)
-    calls_cublas = _Structure("fp32", optimizer_impl="fused").config(1, EFF)  # the same stream, with cuBLAS's handles
+    calls_cublas = Structure("fp32", optimizer_impl="fused").config(1, EFF)  # the same stream, with cuBLAS's handles
     search.traces[calls_cublas] = dataclasses.replace(trace, uses_cublas=True)
     assert search.need_floor(calls_cublas) - search.need_floor(config) == gpu_spec("h100").cublas_context_bytes
 
@@ -278,7 +266,7 @@ def test_need_floor_widens_by_the_reasons_every_trace_of_the_op_sequence_records
     of these ops) and a value-dependent branch (which another batch size may not take) among the trace's reasons:
     the floor adds reentrant checkpointing's width to the base margin, and not the branch's."""
     from memfit.estimate.bound import BASE_MARGIN, WIDTHS
-    from memfit.estimate.trace import Alloc, Trace
+    from memfit.estimate.trace_record import Alloc, Trace
 
     MiB = 1 << 20
     trace = Trace(allocs=[Alloc(n * MiB, "op", "", "forward", 0, (), "uint8", "activations") for n in (100, 60)])
@@ -287,7 +275,7 @@ def test_need_floor_widens_by_the_reasons_every_trace_of_the_op_sequence_records
         trace.keys.append(key)
     trace.uncertain.update(reentrant_checkpoint="layer1: a convolution recomputed", value_branch="model.py:3")
     search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
-    config = _Structure("fp32").config(1, EFF)
+    config = Structure("fp32").config(1, EFF)
     search.traces[config] = trace
     widen = BASE_MARGIN + WIDTHS["reentrant_checkpoint"]
     assert search.need_floor(config) == int(160 * MiB * (1 + widen)) + gpu_spec("h100").context_bytes(False)
@@ -370,18 +358,18 @@ def test_cost_at_interpolates_each_op_on_its_line():
 
     known = [(2, at(2)), (8, at(8))]
     for m in (4, 6, 16):  # between the two, and beyond them along the same line
-        got = _cost_at(known, m)
+        got = cost_at(known, m)
         assert got.micro_batch_size == m
         assert [(r.flops, r.bytes) for r in got.forward.ops] == [(100 + 10 * m, 1000 + 100 * m), (7 * m, 4 * m)]
         assert got.forward.bytes == 1000 + 100 * m + 4 * m
-    assert _cost_at(known, 8) is known[1][1]  # a traced size is taken as traced
+    assert cost_at(known, 8) is known[1][1]  # a traced size is taken as traced
 
 
 def test_cost_at_scales_the_nearest_trace_when_the_op_sequences_differ():
     known = [(2, _cost(2, [(20, 200)])), (8, _cost(8, [(80, 800), (8, 8)]))]
-    three = _cost_at(known, 3)  # nearer 2: its one op, scaled by 3/2
+    three = cost_at(known, 3)  # nearer 2: its one op, scaled by 3/2
     assert [(r.flops, r.bytes) for r in three.forward.ops] == [(30, 300)]
-    seven = _cost_at(known, 7)
+    seven = cost_at(known, 7)
     assert [(r.flops, r.bytes) for r in seven.forward.ops] == [(70, 700), (7, 7)]
 
 
@@ -558,16 +546,17 @@ def test_a_change_of_memory_format_must_be_predicted_worth_it():
                          samples_per_s=None, verified=True, fits=True)
 
     own = cand(False, 100.0)
-    assert min([own, cand(True, 99.0)], key=lambda c: _speed_key(c, False)) is own
+    assert min([own, cand(True, 99.0)], key=lambda c: speed_key(c, False)) is own
     faster = cand(True, 100.0 / (1 + LAYOUT_CHANGE_GAIN) - 0.5)
-    assert min([own, faster], key=lambda c: _speed_key(c, False)) is faster
+    assert min([own, faster], key=lambda c: speed_key(c, False)) is faster
     # the user's own channels_last is no change: the same candidates, the other way round
-    assert min([cand(True, 100.0), cand(False, 99.0)], key=lambda c: _speed_key(c, True)).config.channels_last
+    assert min([cand(True, 100.0), cand(False, 99.0)], key=lambda c: speed_key(c, True)).config.channels_last
 
 
 def test_where_the_plan_checkpoints_every_block_it_also_tries_three_quarters_of_them():
     # ViT-B/16 at 4 GiB: all 12 blocks were checkpointed where 9 ran under the cap 10 % faster
-    from memfit.plan.search import _finer_checkpointing, verified
+    from memfit.plan.search import _finer_checkpointing
+    from memfit.plan.walk import verified
 
     class Stack(torch.nn.Module):
         def __init__(self) -> None:
@@ -609,13 +598,13 @@ def _lane_setup(limit_mib: int):  # noqa: ANN202
     search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, limit_mib * MiB, 64, None, False)
     search.context_bytes = 0
     search.need_floor = lambda config, bound=True: 0  # type: ignore[method-assign]
-    a, b = _Structure("fp32"), _Structure("fp32", checkpoint=("x",))
-    models = {a: _MemoryModel(0, 100 * MiB, 0, 1.0, 0), b: _MemoryModel(0, 50 * MiB, 0, 1.0, 0)}
+    a, b = Structure("fp32"), Structure("fp32", checkpoint=("x",))
+    models = {a: MemoryModel(0, 100 * MiB, 0, 1.0, 0), b: MemoryModel(0, 50 * MiB, 0, 1.0, 0)}
 
-    def rung(structure: _Structure, micro: int, mib: int) -> None:
+    def rung(structure: Structure, micro: int, mib: int) -> None:
         search.estimates[structure.config(micro, 64)] = SimpleNamespace(device_upper_bytes=mib * MiB)
 
-    def candidate(structure: _Structure, micro: int, seconds: float) -> Candidate:
+    def candidate(structure: Structure, micro: int, seconds: float) -> Candidate:
         return Candidate(config=structure.config(micro, 64), device_bytes=0, fits_in_bytes=0, step_time_s=seconds,
                          samples_per_s=None, verified=False, fits=False)
 
@@ -623,7 +612,7 @@ def _lane_setup(limit_mib: int):  # noqa: ANN202
 
 
 def test_the_lane_guesses_the_rungs_above_a_probe_expected_to_fit():
-    from memfit.plan.search import LANE_GUESSES, _next_probes
+    from memfit.plan.walk import LANE_GUESSES, _next_probes
 
     search, a, b, models, rung, candidate = _lane_setup(limit_mib=650)
     best = candidate(a, 32, 1.0)
@@ -633,7 +622,7 @@ def test_the_lane_guesses_the_rungs_above_a_probe_expected_to_fit():
 
 
 def test_the_lane_guesses_another_structure_when_two_rungs_put_the_probe_over():
-    from memfit.plan.search import _next_probes
+    from memfit.plan.walk import _next_probes
 
     search, a, b, models, rung, candidate = _lane_setup(limit_mib=650)
     rung(a, 1, 100)

@@ -20,7 +20,8 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import gpu_spec
 from memfit.estimate.op_costs import PhaseCost, StepCost
 from memfit.plan.records import Config
-from memfit.plan.search import Search, _memory_models, divisors
+from memfit.plan.search import _memory_models
+from memfit.plan.search_state import Search, divisors
 from memfit.workload.spec import Workload
 
 EFF = PLAN_EFFECTIVE

@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/test_plan_search.py", "tests/test_plan_speed.py", "tests/test_plan_patch.py", "tests/test_plan.py",
          "tests/test_trace.py"]
-SEARCH, PREDICT, TRACE = "src/memfit/plan/search.py", "src/memfit/estimate/predict.py", "src/memfit/estimate/trace.py"
+SEARCH, PREDICT = "src/memfit/plan/search.py", "src/memfit/estimate/predict.py"
+STATE, WALK, COPIES = "src/memfit/plan/search_state.py", "src/memfit/plan/walk.py", "src/memfit/estimate/step_copies.py"
 # name: (file, text, replacement)
 BUGS = {
     # (a1, the plan's default margin set to 0, is no bug since the plan decides with the upper bound alone:
@@ -31,18 +32,18 @@ BUGS = {
     "c_frontier_keeps_every_candidate": (
         SEARCH, '    """The candidates no other one beats on both memory and time, by memory."""\n',
         '    """The candidates no other one beats on both memory and time, by memory."""\n    return candidates\n'),
-    "d_cost_at_returns_the_first_cost": (SEARCH, "    sizes = [m for m, _ in known]\n",
+    "d_cost_at_returns_the_first_cost": (STATE, "    sizes = [m for m, _ in known]\n",
                                          "    return known[0][1]\n    sizes = [m for m, _ in known]\n"),
     "e_no_expandable_segments_retry": (
-        SEARCH, "            if not search.allocator.expandable_segments and search.need_floor(c)",
-        "            if False and search.need_floor(c)"),
+        WALK, "            if not search.allocator.expandable_segments and _expandable_floor(search, c)",
+        "            if False and _expandable_floor(search, c)"),
     # session 9's planner and tracer changes
-    "f_format_change_free": (SEARCH, "LAYOUT_CHANGE_GAIN = 0.02", "LAYOUT_CHANGE_GAIN = 0.0"),
+    "f_format_change_free": (WALK, "LAYOUT_CHANGE_GAIN = 0.02", "LAYOUT_CHANGE_GAIN = 0.0"),
     "g_finer_checkpointing_never_tried": (
         SEARCH, "    if not set(finer) < set(c.checkpoint):\n        return []",
         "    if True:\n        return []"),
     "h_copied_micro_batch_frees_the_old_output": (
-        TRACE, "trace.keys.append(renamed[k] if k in renamed else instead[k])",
+        COPIES, "trace.keys.append(renamed[k] if k in renamed else instead[k])",
         "trace.keys.append(renamed[k] if k in renamed else k)"),
 }
 

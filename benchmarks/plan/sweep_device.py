@@ -89,7 +89,7 @@ def grid(name: str, gpu) -> dict:  # noqa: ANN001
     """The sweep's configurations (largest micro-batch first: a deadline cuts the slowest) and the planner's
     checkpointing choices, from one estimate (CPU)."""
     from memfit.estimate.predict import estimate
-    from memfit.plan.search import DEFAULT_CHECKPOINT_MODES, divisors
+    from memfit.plan.search_state import DEFAULT_CHECKPOINT_MODES, divisors
     from memfit.workload.knobs import activations_by_block, checkpoint_choices, model_facts
 
     w = _workload(name)
@@ -106,7 +106,7 @@ def grid(name: str, gpu) -> dict:  # noqa: ANN001
     formats = [False, True] if facts.has_conv else [False]
     # the default (non-fused) optimizer with the planner's own checkpointing choices only: it needs more memory
     # and launches more kernels than fused, so the partial sets add nothing with it but GPU-minutes
-    # checkpointed sets run both ways the planner considers (memfit.plan.search.DEFAULT_CHECKPOINT_MODES), the
+    # checkpointed sets run both ways the planner considers (memfit.plan.search_state.DEFAULT_CHECKPOINT_MODES), the
     # reentrant one with the fused optimizer only
     configs = [{"batch_size": m, "accumulation_steps": eff // m, "checkpoint": list(s), "optimizer_impl": impl,
                 "channels_last": cl, "checkpoint_mode": mode}

@@ -124,7 +124,7 @@ STRUCTURAL: frozenset[UncertaintyReason] = frozenset(
 """The reasons a trace records from its ops and modules alone (an RNN module, a convolution recomputed by reentrant
 checkpointing, a sparse tensor, a compiled module, torchao's 8-bit states), never from sizes or values: every trace
 of the same op sequence records them, at any batch size. The planner's floors widen by them
-(``memfit.plan.search.Search.need_floor``)."""
+(``memfit.plan.search_state.Search.need_floor``)."""
 
 
 def structural_widening(reasons: Iterable[UncertaintyReason]) -> float:

@@ -16,7 +16,8 @@ from memfit.estimate.bound import Uncertainty, upper_bound
 from memfit.estimate.categories import TRACED_CATEGORIES, MemoryCategory, TracedCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.op_costs import StepCost
-from memfit.estimate.trace import Trace, trace_workload
+from memfit.estimate.trace import trace_workload
+from memfit.estimate.trace_record import Trace
 from memfit.records import JsonRecord, json_as
 from memfit.workload.protocol import DEFAULT_STEPS
 from memfit.workload.spec import Workload

@@ -17,7 +17,9 @@ from memfit.estimate.allocator import AllocatorConfig
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.predict import Estimate
 from memfit.plan.records import Candidate, Config, Plan
-from memfit.plan.search import DEFAULT_MARGIN, Search, check_budget, verified
+from memfit.plan.search import DEFAULT_MARGIN, check_budget
+from memfit.plan.search_state import Search
+from memfit.plan.walk import verified
 from memfit.speed.model_choice import CalibrationChoice, choose_speed_model
 from memfit.units import format_bytes
 from memfit.workload.spec import Workload
