@@ -1,6 +1,6 @@
 """What each op of a traced training step costs a GPU: FLOPs, bytes moved, kernel launches, CPU dispatches.
 
-The recorder (``trace.py``) hands every ATen op it sees to an ``OpCounter``, which keeps one ``OpCost`` row per op
+The recorder (``recorder.py``) hands every ATen op it sees to an ``OpCounter``, which keeps one ``OpCost`` row per op
 that launches work, in program order. ``StepCost`` gathers the rows of one steady-state micro-batch and of one
 optimizer step, with their totals; ``memfit.speed.step_time`` turns them into time.
 

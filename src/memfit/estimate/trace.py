@@ -151,7 +151,7 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
             op, where, _, param_bytes = exc.args
     if op == CONDITION and param_bytes > CONDITION_REAL_FORWARD_MAX_PARAM_BYTES:
         # conditions alone do not justify building a large model for real: taken as False, named in the bound (an
-        # empty RealForward answers every read from "no real value", see _data_dependent_scalar)
+        # empty RealForward answers every read from "no real value", see Recorder._data_dependent_scalar)
         log.info("%s: conditions on the model's values taken as False (its %s of parameters are not built for "
                  "real on the CPU to decide them)", workload.name, format_bytes(param_bytes))
         try:

@@ -225,16 +225,16 @@ def default_impl_on_cuda(optimizer: torch.optim.Optimizer) -> OptimizerImpl | No
     """The implementation a ``torch.optim`` optimizer left as the user built it runs on CUDA parameters: fused or
     for-loop where every group asks for it, else foreach, torch's choice where neither flag is set
     (``torch.optim.optimizer._default_to_fused_or_foreach``; the trace makes the same choice,
-    ``memfit.estimate.trace._cuda_default_optimizer``). None where memfit cannot tell: another library's optimizer,
+    ``memfit.estimate.trace_setup.cuda_default_optimizer``). None where memfit cannot tell: another library's optimizer,
     groups that differ, a differentiable optimizer."""
     if not type(optimizer).__module__.startswith("torch.optim."):
         return None
-    found = set()
+    found: set[OptimizerImpl] = set()
     for group in optimizer.param_groups:
         if group.get("differentiable"):
             return None
         found.add("fused" if group.get("fused") else "for-loop" if group.get("foreach") is False else "foreach")
-    return found.pop() if len(found) == 1 else None  # type: ignore[return-value]
+    return found.pop() if len(found) == 1 else None
 
 
 @dataclass(frozen=True)
