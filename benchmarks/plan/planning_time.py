@@ -8,6 +8,9 @@ the roofline, once in a fresh process with
 the lane (``memfit.plan.lanes``) and once with ``MEMFIT_PLAN_PROCESSES=1``; the order alternates from workload to
 workload so that a drift of the machine does not favour one. Each record: seconds per budget, estimates, and the
 chosen configuration; ``same_plan`` compares everything the plan returns but its elapsed time.
+
+``--trees BEFORE/src,AFTER/src`` times two source trees instead (``git worktree add /tmp/before <commit>``), with
+the lane, alternating workload by workload: a change's effect on the same machine at the same time.
 """
 
 from __future__ import annotations
@@ -64,14 +67,45 @@ def plans_here(name: str) -> list[dict]:
     return out
 
 
+def compare_trees(trees: list[str], names: list[str], rounds: int, out: Path) -> None:
+    """Plan each workload with each source tree in a fresh process, the trees alternating, ``rounds`` times: a
+    before/after of a change on the same machine at the same time (this VM's speed drifts by 2x from day to day)."""
+    import torch
+
+    rows = []
+    for r in range(rounds):
+        for name in names:
+            for tree in trees:
+                env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+                done = subprocess.run([sys.executable, __file__, "--out", "-", "--one", name], env=env, check=True,
+                                      capture_output=True, text=True)
+                for got in json.loads(done.stdout.strip().splitlines()[-1]):
+                    row = {"round": r, "tree": tree, "workload": name, "budget_gib": got["budget_gib"],
+                           "seconds": got["seconds"], "estimates": got["estimates"], "chosen": got["chosen"]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    report = {"what": "plan() wall seconds of two source trees, alternating (the lane on), budgets as planning_time.py "
+              "plans them (H200; the edge budgets H100), roofline speed model", "trees": trees, "cpus": len(os.sched_getaffinity(0)),
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--workloads", default="gpt2,unet2d,vit_b16,unet3d,resnet50@edge,vit_b16@edge")
+    parser.add_argument("--trees", help="BEFORE_SRC,AFTER_SRC: time two source trees instead (the lane on), "
+                        "workload by workload, alternating, --rounds times")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: plan one workload, print JSON
     args = parser.parse_args()
     if args.one:
         print(json.dumps(plans_here(args.one)))
+        return
+    if args.trees:
+        compare_trees(args.trees.split(","), args.workloads.split(","), args.rounds, Path(args.out))
         return
     import torch
 
