@@ -1106,3 +1106,41 @@ def test_layer_norm_copies_a_permuted_input_before_its_outputs():
     ops = [a.op for a in _forward_allocs(trace)]
     first = ops.index("native_layer_norm_scratch")
     assert ops[first + 1:first + 4] == ["native_layer_norm"] * 3
+
+
+def test_scalars_written_by_indexing_are_lifted_without_converting_them(monkeypatch):
+    # `ret[i, j, k] = 1` lifts a real scalar (lift_fresh) for each write: timm MaxViT's lookup tables make ~2,000 in
+    # the constructor. The recorder makes each a plain fake (Recorder._lifted_scalar); the stream must be the one
+    # FakeTensorMode's own conversion gives
+    import importlib
+
+    recorder = importlib.import_module("memfit.estimate.recorder")
+
+    class Lookup(torch.nn.Module):
+        def __init__(self, n: int = 5) -> None:
+            super().__init__()
+            ret = torch.zeros(n, n, 2 * n - 1)
+            for i in range(n):
+                for j in range(n):
+                    ret[i, j, j - i + n - 1] = 1
+            self.register_buffer("lookup", ret)
+            self.lin = torch.nn.Linear(25, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) + self.lookup.sum()
+
+    w = Workload(model=Lookup, batch=lambda n: (torch.randn(n, 25),), loss=lambda out, b: out.sum(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=2)
+    lifted: list[bool] = []
+    real = recorder.Recorder._lifted_scalar
+
+    def spy(self, name, args):  # noqa: ANN001, ANN202
+        out = real(self, name, args)
+        lifted.append(out is not None)
+        return out
+
+    monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", spy)
+    fast = trace_workload(w, GPU)
+    assert sum(lifted) >= 25 and fast.param_count == 25 * 3 + 3 and not fast.warnings
+    monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", lambda self, name, args: None)
+    assert trace_workload(w, GPU).events() == fast.events()

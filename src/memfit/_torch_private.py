@@ -235,6 +235,21 @@ def no_dispatch_modes() -> Any:
     return _disable_current_modes()
 
 
+def lifted_scalar(real: torch.Tensor) -> torch.Tensor:
+    """The fake tensor ``lift_fresh`` of the real 0-dim ``real`` gives under the running fake mode: its dtype, on the
+    CPU, with ``real``'s value as its constant (``FakeTensor.constant``: the mode propagates it, and the optimizers'
+    step counts are read through it), made directly rather than through ``FakeTensorConverter.from_real_tensor``'s
+    ``MetaConverter`` round. Call it from a dispatch mode above the fake mode (its empty tensor is the fake mode's)."""
+    with no_dispatch_modes():
+        value = real.clone()
+    fake = torch.empty_strided((), (), dtype=real.dtype, device="cpu")
+    fake.constant = value  # type: ignore[attr-defined]
+    # the converter's memo, as from_real_tensor leaves it: an in-place op on the constant propagates it for real and
+    # converts the result back, which must be this tensor again, not a new fake (a new storage to the trace)
+    fake.fake_mode.fake_tensor_converter.set_tensor_memo(value, fake)  # type: ignore[attr-defined]
+    return fake
+
+
 def current_autograd_node() -> Any:
     """The autograd node the engine is running on this thread, or None outside backward."""
     return torch._C._current_autograd_node()

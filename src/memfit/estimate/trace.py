@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
 import logging
 import threading
 from typing import Any, NoReturn
@@ -346,13 +347,16 @@ def _raise_blamed(exc: Exception, during: str, recorder: Recorder) -> NoReturn:
     raise exc
 
 
+_RECORDER_FILE = inspect.getfile(Recorder)
+
+
 def _failing_op(exc: BaseException) -> str | None:
     """The ATen op the recorder was dispatching when ``exc`` was raised (its ``name``), if any."""
     op = None
     tb = exc.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code  # torch wraps __torch_dispatch__ (no dynamo): find the frame by its name
-        if code.co_name == "__torch_dispatch__" and code.co_filename == __file__:
+        if code.co_name == "__torch_dispatch__" and code.co_filename == _RECORDER_FILE:
             op = tb.tb_frame.f_locals.get("name", op)
         tb = tb.tb_next
     return op
