@@ -67,29 +67,48 @@ def plans_here(name: str) -> list[dict]:
     return out
 
 
-def compare_trees(trees: list[str], names: list[str], rounds: int, out: Path) -> None:
+def plans_in_child(name: str, src: Path, *, alone: bool = False) -> list[dict]:
+    """``plans_here(name)`` in a fresh process that imports memfit from ``src``; ``alone``: without the lane."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    if alone:
+        env["MEMFIT_PLAN_PROCESSES"] = "1"
+    done = subprocess.run([sys.executable, __file__, "--out", "-", "--one", name], env=env, check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare_trees(trees: list[str], names: list[str], rounds: int) -> dict:
     """Plan each workload with each source tree in a fresh process, the trees alternating, ``rounds`` times: a
     before/after of a change on the same machine at the same time (this VM's speed drifts by 2x from day to day)."""
-    import torch
-
     rows = []
     for r in range(rounds):
         for name in names:
             for tree in trees:
-                env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-                done = subprocess.run([sys.executable, __file__, "--out", "-", "--one", name], env=env, check=True,
-                                      capture_output=True, text=True)
-                for got in json.loads(done.stdout.strip().splitlines()[-1]):
+                for got in plans_in_child(name, Path(tree).resolve()):
                     row = {"round": r, "tree": tree, "workload": name, "budget_gib": got["budget_gib"],
                            "seconds": got["seconds"], "estimates": got["estimates"], "chosen": got["chosen"]}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    report = {"what": "plan() wall seconds of two source trees, alternating (the lane on), budgets as planning_time.py "
-              "plans them (H200; the edge budgets H100), roofline speed model", "trees": trees, "cpus": len(os.sched_getaffinity(0)),
-              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(out)
+    return {"what": "plan() wall seconds of two source trees, alternating (the lane on), budgets as planning_time.py "
+            "plans them (H200; the edge budgets H100), roofline speed model", "trees": trees, "rows": rows}
+
+
+def lane_and_alone(names: list[str]) -> dict:
+    """Plan each workload with the lane and without, in fresh processes, the order alternating."""
+    from memfit.plan.lanes import lane_is_useful
+
+    results = []
+    for i, name in enumerate(names):
+        runs = {mode: plans_in_child(name, ROOT / "src", alone=mode == "alone")
+                for mode in (("lane", "alone") if i % 2 == 0 else ("alone", "lane"))}
+        for lane, alone in zip(runs["lane"], runs["alone"], strict=True):
+            row = {"workload": name, "budget_gib": lane["budget_gib"], "seconds_lane": lane["seconds"],
+                   "seconds_alone": alone["seconds"], "estimates": lane["estimates"], "chosen": lane["chosen"],
+                   "same_plan": lane["plan"] == alone["plan"]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    return {"what": "plan() wall seconds on this CPU, H200 budgets, roofline speed model",
+            "lane_used": lane_is_useful(), "rows": results}
 
 
 def main() -> None:
@@ -104,38 +123,16 @@ def main() -> None:
     if args.one:
         print(json.dumps(plans_here(args.one)))
         return
-    if args.trees:
-        compare_trees(args.trees.split(","), args.workloads.split(","), args.rounds, Path(args.out))
-        return
     import torch
 
-    from memfit.plan.lanes import lane_is_useful
+    from memfit._io import write_atomic
 
-    results = []
-    for i, name in enumerate(args.workloads.split(",")):
-        runs = {}
-        for mode in (("lane", "alone") if i % 2 == 0 else ("alone", "lane")):
-            env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-            if mode == "alone":
-                env["MEMFIT_PLAN_PROCESSES"] = "1"
-            done = subprocess.run([sys.executable, __file__, "--out", "-", "--one", name], env=env, check=True,
-                                  capture_output=True, text=True)
-            runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-        for lane, alone in zip(runs["lane"], runs["alone"], strict=True):
-            row = {"workload": name, "budget_gib": lane["budget_gib"], "seconds_lane": lane["seconds"],
-                   "seconds_alone": alone["seconds"], "estimates": lane["estimates"], "chosen": lane["chosen"],
-                   "same_plan": lane["plan"] == alone["plan"]}
-            results.append(row)
-            print(json.dumps(row), flush=True)
+    names = args.workloads.split(",")
+    report = compare_trees(args.trees.split(","), names, args.rounds) if args.trees else lane_and_alone(names)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    report = {"what": "plan() wall seconds on this CPU, H200 budgets, roofline speed model",
-              "cpus": cpus, "lane_used": lane_is_useful(), "processor": platform.processor() or platform.machine(),
-              "python": platform.python_version(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "rows": results}
-    out = Path(args.out)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(out)
+    report.update(cpus=cpus, processor=platform.processor() or platform.machine(),
+                  python=platform.python_version(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
+    write_atomic(args.out, json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
