@@ -214,27 +214,35 @@ def test_the_expandable_retry_is_skipped_only_where_its_exact_estimate_misses_to
     assert reasons  # the grid has configurations whose reasons widen it (reentrant checkpointing)
 
 
+def _hand_search(sizes_mib: list[int], events: list[tuple[int, int]], optional: tuple[int, ...] = ()):  # noqa: ANN202
+    """A search holding one hand-made trace: allocations of ``sizes_mib`` (the keys in ``optional`` may fail and
+    fall back), then ``events`` as (op, key); the search, the configuration it is filed under, and the trace."""
+    from memfit.estimate.trace_record import Alloc, Trace
+
+    trace = Trace(allocs=[Alloc(n << 20, "op", "", "forward", 0, (), "uint8", "activations", optional=i in optional)
+                          for i, n in enumerate(sizes_mib)])
+    for op, key in events:
+        trace.ops.append(op)
+        trace.keys.append(key)
+    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
+    config = Structure("fp32").config(1, EFF)
+    search.traces[config] = trace
+    return search, config, trace
+
+
 def test_whole_batch_floor_reads_the_first_micro_batch_of_the_steady_step():
     """Worked by hand: step 1's first micro-batch (between its first two forward marks) peaks at 20 + 100 MiB
     (the 20 MiB block made before it still alive); step 0 and step 1's second micro-batch, with 300 MiB alive, do
     not count. The floor is (120 MiB - WHOLE_BATCH_SLACK) × (1 + BASE_MARGIN) + the context."""
     from memfit.estimate.bound import BASE_MARGIN
-    from memfit.estimate.trace_record import Alloc, Trace
     from memfit.plan.search_state import WHOLE_BATCH_SLACK
 
     MiB = 1 << 20
-    sizes = [20, 300, 100, 300]
-    trace = Trace(allocs=[Alloc(n * MiB, "op", "", "forward", 0, (), "uint8", "activations") for n in sizes])
     events = [(1, 0), (1, 1), (-1, 1),  # step 0: the 20 MiB block stays, a 300 MiB one comes and goes
               (1, 2), (-1, 2),          # step 1, first micro-batch: 100 MiB
               (1, 3), (-1, 3)]          # step 1, second micro-batch: 300 MiB
-    for op, key in events:
-        trace.ops.append(op)
-        trace.keys.append(key)
+    search, config, trace = _hand_search([20, 300, 100, 300], events)
     trace.phase_marks = [(0, "forward", 0), (3, "forward", 1), (5, "forward", 1), (7, "end", 2)]
-    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
-    config = Structure("fp32").config(1, EFF)
-    search.traces[config] = trace
     assert search.whole_batch_floor(config) == (int((120 * MiB - WHOLE_BATCH_SLACK) * (1 + BASE_MARGIN))
                                                 + gpu_spec("h100").context_bytes(False))
 
@@ -244,17 +252,10 @@ def test_need_floor_is_the_required_peak_widened_by_the_bounds_margin_plus_the_l
     freed before them neither), so the peak is 160 MiB; the floor is 160 MiB × (1 + BASE_MARGIN) + the context,
     with cuBLAS's handles where the step calls cuBLAS."""
     from memfit.estimate.bound import BASE_MARGIN
-    from memfit.estimate.trace_record import Alloc, Trace
 
     MiB = 1 << 20
-    sizes = [(40 * MiB, False), (100 * MiB, False), (500 * MiB, True), (60 * MiB, False)]
-    trace = Trace(allocs=[Alloc(n, "op", "", "forward", 0, (), "uint8", "activations", optional=o) for n, o in sizes])
-    for op, key in [(1, 0), (-1, 0), (1, 1), (1, 2), (-1, 2), (1, 3), (-1, 3), (-1, 1)]:
-        trace.ops.append(op)
-        trace.keys.append(key)
-    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
-    config = Structure("fp32").config(1, EFF)
-    search.traces[config] = trace
+    events = [(1, 0), (-1, 0), (1, 1), (1, 2), (-1, 2), (1, 3), (-1, 3), (-1, 1)]
+    search, config, trace = _hand_search([40, 100, 500, 60], events, optional=(2,))
     assert search.need_floor(config) == int(160 * MiB * (1 + BASE_MARGIN)) + gpu_spec("h100").context_bytes(False)
     calls_cublas = Structure("fp32", optimizer_impl="fused").config(1, EFF)  # the same stream, with cuBLAS's handles
     search.traces[calls_cublas] = dataclasses.replace(trace, uses_cublas=True)
@@ -266,17 +267,10 @@ def test_need_floor_widens_by_the_reasons_every_trace_of_the_op_sequence_records
     of these ops) and a value-dependent branch (which another batch size may not take) among the trace's reasons:
     the floor adds reentrant checkpointing's width to the base margin, and not the branch's."""
     from memfit.estimate.bound import BASE_MARGIN, WIDTHS
-    from memfit.estimate.trace_record import Alloc, Trace
 
     MiB = 1 << 20
-    trace = Trace(allocs=[Alloc(n * MiB, "op", "", "forward", 0, (), "uint8", "activations") for n in (100, 60)])
-    for op, key in [(1, 0), (1, 1), (-1, 1), (-1, 0)]:
-        trace.ops.append(op)
-        trace.keys.append(key)
+    search, config, trace = _hand_search([100, 60], [(1, 0), (1, 1), (-1, 1), (-1, 0)])
     trace.uncertain.update(reentrant_checkpoint="layer1: a convolution recomputed", value_branch="model.py:3")
-    search = Search(plan_unet(), gpu_spec("h100"), ALLOCATOR, 1 << 40, EFF, None, False)
-    config = Structure("fp32").config(1, EFF)
-    search.traces[config] = trace
     widen = BASE_MARGIN + WIDTHS["reentrant_checkpoint"]
     assert search.need_floor(config) == int(160 * MiB * (1 + widen)) + gpu_spec("h100").context_bytes(False)
 
