@@ -1134,13 +1134,13 @@ def test_scalars_written_by_indexing_are_lifted_without_converting_them(monkeypa
     lifted: list[bool] = []
     real = recorder.Recorder._lifted_scalar
 
-    def spy(self, name, args):  # noqa: ANN001, ANN202
-        out = real(self, name, args)
+    def spy(self, a):  # noqa: ANN001, ANN202
+        out = real(self, a)
         lifted.append(out is not None)
         return out
 
     monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", spy)
     fast = trace_workload(w, GPU)
     assert sum(lifted) >= 25 and fast.param_count == 25 * 3 + 3 and not fast.warnings
-    monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", lambda self, name, args: None)
+    monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", lambda self, a: None)
     assert trace_workload(w, GPU).events() == fast.events()

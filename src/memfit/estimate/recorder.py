@@ -423,8 +423,8 @@ class Recorder(tp.TorchDispatchMode):
         try:
             out = (self.stand_ins(func, name, args, kwargs)
                    if self.stand_ins is not None and self.phase in ("forward", "loss") else None)
-            if out is None:
-                out = self._lifted_scalar(name, args)
+            if out is None and name == "lift_fresh":
+                out = self._lifted_scalar(args[0])
             if out is None:
                 out = func(*args, **kwargs)
             if name == "_scaled_dot_product_flash_attention_for_cpu_backward" and not self.real:
@@ -636,16 +636,14 @@ class Recorder(tp.TorchDispatchMode):
             self.trace.allocs[key].optional = optional
             self._free(key)
 
-    def _lifted_scalar(self, name: str, args: Any) -> torch.Tensor | None:
-        """What ``lift_fresh`` makes of a real 0-dim tensor (the value written by ``x[i] = 1``): a new fake tensor of its
-        dtype with its value as the constant, made directly (``tp.lifted_scalar``); None for anything else, which
-        FakeTensorMode converts itself, through a ``MetaConverter`` round (~1 ms each): timm MaxViT's
-        relative-position lookup tables, filled by about 2,000 such writes in its constructor, spent a quarter of
-        its estimate there. The known values (``values.KnownValues``) still run the op on the real tensor."""
-        if name != "lift_fresh" or self.real:
-            return None
-        a = args[0]
-        if type(a) is not torch.Tensor or a.dim() != 0 or a.requires_grad or a.device.type != "cpu":
+    def _lifted_scalar(self, a: Any) -> torch.Tensor | None:
+        """What ``lift_fresh`` makes of ``a`` if it is a real 0-dim tensor (the value written by ``x[i] = 1``): a new
+        fake tensor of its dtype with its value as the constant, made directly (``tp.lifted_scalar``); None for
+        anything else, which FakeTensorMode converts itself, through a ``MetaConverter`` round (~1 ms each): timm
+        MaxViT's relative-position lookup tables, filled by about 2,000 such writes in its constructor, spent a
+        quarter of its estimate there. The known values (``values.KnownValues``) still run the op on the real
+        tensor."""
+        if self.real or type(a) is not torch.Tensor or a.dim() != 0 or a.requires_grad or a.device.type != "cpu":
             return None
         return tp.lifted_scalar(a)
 
