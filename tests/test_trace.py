@@ -1,6 +1,7 @@
 """The tracer on models whose memory can be worked out by hand."""
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -747,6 +748,46 @@ def test_a_constructor_that_sizes_layers_by_values_made_from_constants_is_traced
     traced = trace_workload(_linear_workload(model=Widths), GPU, steps=2)
     assert traced.param_count == (1024 * 768 + 768) + (768 * 1024 + 1024)
     assert not traced.warnings and "value_read" not in traced.uncertain
+
+
+def _width_table(write: Callable[[torch.Tensor], None]) -> type[torch.nn.Module]:
+    """A model whose hidden width is read from a table the constructor fills by indexing (``table[1] = 300``)."""
+
+    class Table(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            table = torch.zeros(4, dtype=torch.long)
+            write(table)
+            width = int(table[1].item()) + int(table[2])
+            self.a, self.b = torch.nn.Linear(1024, width), torch.nn.Linear(width, 1024)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    return Table
+
+
+def _write_known(table: torch.Tensor) -> None:
+    table[1] = 300  # a select and a copy_ into it: the write must reach the table
+    table[torch.tensor(2)] = 12  # an index_put_
+
+
+def test_values_written_into_a_known_tensor_through_indexing_are_read_back():
+    traced = trace_workload(_linear_workload(model=_width_table(_write_known)), GPU, steps=2)
+    assert traced.param_count == (1024 * 312 + 312) + (312 * 1024 + 1024)
+    assert not traced.warnings and "value_read" not in traced.uncertain
+
+
+def _write_unknown(table: torch.Tensor) -> None:
+    table[1] = 300
+    table[0] = torch.randint(1, 9, ())  # a value the trace does not follow, written beside the known ones
+
+
+def test_a_write_of_an_unknown_value_makes_the_views_beside_it_unknown_and_says_so():
+    # the views of the written storage must not keep their old values: reading table[1] after table[0] was written
+    # with a random draw is a read of a value the trace does not have, said as such, not a silent stale 300
+    traced = trace_workload(_linear_workload(model=_width_table(_write_unknown)), GPU, steps=2)
+    assert "value_read" in traced.uncertain and traced.warnings
 
 
 def test_copied_steps_equal_traced_steps():

@@ -10,12 +10,17 @@ turns stochastic depth off, the third builds a model 100 times smaller, silently
 ``KnownValues`` follows those values: a tensor made by a deterministic factory (``arange``, ``full``,
 ``linspace`` ...) from Python numbers, or a real (non-fake) tensor, has a known value, and so has the output of an
 op whose tensor inputs all have known values — computed for real on the CPU, beside the fake op. Only small
-tensors are followed (``MAX_NUMEL``), so the real work stays negligible next to the trace. An op that writes into
-a tensor with values it does not know makes that tensor unknown.
+tensors are followed (``MAX_NUMEL``), so the real work stays negligible next to the trace.
+
+Writes follow aliasing as the real tensors do: the known views of one fake storage have real values that share
+one real storage, so ``ret[1] = 300`` (a ``select`` and a ``copy_`` into it) writes into the real ``ret`` too, and
+``int(ret[1])`` later reads 300. An op that writes values not known here makes every tensor of the storage it
+writes into unknown, the views beside it included: a stale value would be read as if it were real.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -94,6 +99,9 @@ class KnownValues:
 
     def __init__(self, max_numel: int = MAX_NUMEL) -> None:
         self._real: Any = tp.WeakIdKeyDictionary()
+        self._by_storage: Any = tp.WeakIdKeyDictionary()
+        """fake storage -> {id: fake tensor over it with a known value} (weak values: a WeakSet would compare tensors
+        with ``==``, an op): what a write there changes."""
         self.max_numel = max_numel
         """Tensors of more elements are not followed."""
 
@@ -116,9 +124,9 @@ class KnownValues:
         if not found and name not in _FACTORIES and not random:
             return None
         # a fill (``torch.empty(()).fill_(n)``, an in-place random draw) overwrites its tensor: its old values do not
-        # matter
+        # matter. A known one is written in place, so that the views beside it see the write (``ret[1] = 300``)
         overwrites = name in _OVERWRITE or (random and name in _RANDOM and name.endswith("_"))
-        filled = args[0] if overwrites and args else None
+        filled = args[0] if overwrites and args and self.value(args[0]) is None else None
         for t in found:
             if t.numel() > self.max_numel or (self.value(t) is None and t is not filled):
                 return None
@@ -127,11 +135,20 @@ class KnownValues:
                 {k: _swap(v, filled, self.value) for k, v in kwargs.items()})
 
     def forget_written(self, func: Any, args: Any) -> None:
-        """The op writes into some of its arguments with values not followed here: they are unknown now."""
+        """The op writes into some of its arguments with values not followed here: they are unknown now, and so is
+        every other tensor over the same storage."""
         for i in _mutated(func):
             if i < len(args):
                 for t in tensors(args[i]):
-                    self._real.pop(t, None)
+                    self._forget_storage(t)
+
+    def _forget_storage(self, t: torch.Tensor) -> None:
+        self._real.pop(t, None)
+        if t.layout != torch.strided:
+            return
+        aliases = self._by_storage.pop(t.untyped_storage(), None)
+        for alias in aliases.values() if aliases is not None else ():
+            self._real.pop(alias, None)
 
     def run(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], *, random: bool = False) -> Any:
         """The op's real result when all its inputs have known values, else None (and what the op writes into
@@ -141,6 +158,10 @@ class KnownValues:
         if real is None:
             self.forget_written(func, args)
             return None
+        if real[0] and isinstance(args[0], torch.Tensor) and real[0][0] is not self.value(args[0]):
+            # an unknown tensor overwritten into fresh memory: its value is known after the op, but the other
+            # tensors over its storage hold values of which only part was written
+            self._forget_storage(args[0])
         with tp.no_dispatch_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
             try:
                 return func(*real[0], **real[1])
@@ -155,6 +176,12 @@ class KnownValues:
         for f, r in zip(fakes, reals):
             if isinstance(f, tp.FakeTensor) and r.numel() <= self.max_numel and tuple(f.shape) == tuple(r.shape):
                 self._real[f] = r
+                if f.layout == torch.strided:
+                    storage = f.untyped_storage()
+                    aliases = self._by_storage.get(storage)
+                    if aliases is None:
+                        aliases = self._by_storage[storage] = weakref.WeakValueDictionary()
+                    aliases[id(f)] = f
 
     def scalar(self, t: torch.Tensor) -> Any | None:
         """``t.item()`` when ``t``'s value is known, else None."""
