@@ -10,15 +10,18 @@ depend on the GPU.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memfit.estimate import workspaces as ws
 from memfit.estimate.gpus import GpuSpec
 
-__all__ = ["ALLOCATION_ORDER", "CUBLAS_OPS", "contiguous_copy_bytes", "cuda_attention_grads", "kernel_transients",
-           "layer_norm_copy_bytes"]
+if TYPE_CHECKING:
+    from memfit.estimate.trace_record import Trace
+
+__all__ = ["ALLOCATION_ORDER", "CUBLAS_OPS", "contiguous_copy_bytes", "conv_workspace", "cuda_attention_grads",
+           "kernel_transients", "layer_norm_copy_bytes", "narrow_dgrad_workspace"]
 
 
 # ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
@@ -121,3 +124,39 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
     if name == "binary_cross_entropy_with_logits":
         return 2 * args[0].numel() * args[0].element_size()
     return 0
+
+
+def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any,
+                   transposed: bool, groups: int, *, backward: bool = False) -> int:
+    """cuDNN's workspace for a convolution of ``x`` by ``w`` into ``y`` (``workspaces``, measured); ``trace``
+    notes where the size is extrapolated or erratic (``where``: the module)."""
+    spatial = max(x.shape[2:], default=0)
+    calibrated = ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)
+    if spatial > calibrated and "conv_workspace_extrapolated" not in trace.uncertain:
+        trace.uncertain["conv_workspace_extrapolated"] = (
+            f"{where}: a {x.dim() - 2}-D convolution over {tuple(x.shape[2:])}, larger than the calibrated "
+            f"{calibrated} per axis"
+        )
+    call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
+                half=x.element_size() == 2, backward=backward, fp16=x.dtype == torch.float16)
+    unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
+    if unsure > trace.uncertain_bytes.get("conv_workspace_erratic", 0):
+        what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
+                if groups > 1 else f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} "
+                f"channels over {tuple(x.shape[2:])} in half precision")
+        trace.uncertain["conv_workspace_erratic"] = (
+            f"{where}: {what}, where cuDNN's workspace was erratic: the bound adds {unsure / 2**20:.0f} MiB")
+        trace.uncertain_bytes["conv_workspace_erratic"] = unsure
+    return ws.conv_workspace_bytes(x.shape, w.shape, y.shape, **call)
+
+
+def narrow_dgrad_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, stride: Any, dilation: Any,
+                           transposed: bool, groups: int) -> int:
+    """The input gradient's workspace of a narrow half-precision 3x3 convolution (``workspaces``, measured)."""
+    shape = dict(itemsize=x.element_size(), stride=stride, dilation=dilation, groups=groups, transposed=transposed)
+    if ws.narrow_dgrad_unsure(x.shape, w.shape, **shape) and "conv_workspace_extrapolated" not in trace.uncertain:
+        trace.uncertain["conv_workspace_extrapolated"] = (
+            f"{where}: a 3x3 convolution to {w.shape[0]} channels in half precision, whose input gradient "
+            "cuDNN computes with a 72-image workspace at some sizes"
+        )
+    return ws.narrow_dgrad_workspace_bytes(x.shape, w.shape, **shape)

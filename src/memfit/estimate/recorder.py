@@ -5,13 +5,12 @@ Each new storage becomes an allocation event; a ``weakref.finalize`` on the stor
 reference goes, as the CUDA caching allocator would see it. Beyond the ops' outputs it records what CUDA does
 otherwise: sums autograd does in place, kernels' scratch blocks and cuDNN's workspaces
 (``memfit.estimate.kernel_scratch``, ``memfit.estimate.workspaces``), cuBLAS's workspace on first use, the
-values a step reads (``memfit.estimate.value_reads``), and each op's cost for the speed model. The driver,
+values a step reads (``memfit.estimate.step_values``), and each op's cost for the speed model. The driver,
 ``memfit.estimate.trace``, runs the protocol under it.
 """
 
 from __future__ import annotations
 
-import logging
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -20,36 +19,16 @@ import torch
 
 from memfit import _torch_private as tp
 from memfit.errors import TraceError
-from memfit.estimate import kernel_scratch, sparse, values
-from memfit.estimate import workspaces as ws
+from memfit.estimate import kernel_scratch, sparse
 from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.categories import TracedCategory
-from memfit.estimate.data_dependent import (
-    IndexBounds,
-    MaskCounts,
-    ProductStandIns,
-    RealForward,
-    ctc_loss_backward,
-    deciding_inputs,
-    is_dynamic,
-    size_from_known_values,
-)
+from memfit.estimate.data_dependent import RealForward, ctc_loss_backward, deciding_inputs
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.op_costs import OpCounter
+from memfit.estimate.step_values import NOT_KNOWN, StepValues
 from memfit.estimate.trace_record import Alloc, Trace, output_tensors
-from memfit.estimate.value_reads import (
-    CONDITION,
-    RANDOM_OPS,
-    ValuesNeededToBuild,
-    ValuesNeededToTrace,
-    in_initializer,
-    largest_draw,
-    reads,
-    user_frame,
-)
+from memfit.estimate.value_reads import ValuesNeededToBuild, ValuesNeededToTrace, user_frame
 from memfit.workload.selective_checkpoint import REGIONS as selective_regions
-
-log = logging.getLogger(__name__)
 
 __all__ = ["BATCH_SEED", "Recorder"]
 
@@ -73,15 +52,6 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _float32_inputs(args: Any) -> bool:
     return any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args)
-
-
-def _fake_like(real: Any) -> Any:
-    """Fake tensors (the fake mode is the next one down) of ``real``'s shapes, strides and dtypes."""
-    if isinstance(real, torch.Tensor):
-        return torch.empty_strided(real.shape, real.stride(), dtype=real.dtype)
-    if isinstance(real, (list, tuple)):
-        return type(real)(_fake_like(r) for r in real)
-    return real
 
 
 def _no_constants(args: Any) -> bool:
@@ -124,7 +94,6 @@ class Recorder(tp.TorchDispatchMode):
         self.module_stack: list[str] = []
         self.module_names: dict[int, str] = {}
         self._workspace_threads: set[str] = set()
-        self._warned_item = False
         self.closed = False
         self.building_model = False
         """Inside the model factory: an op whose output size needs tensor values makes ``build_model`` build the
@@ -143,27 +112,10 @@ class Recorder(tp.TorchDispatchMode):
         """Tracing real CPU tensors (a step whose sizes depend on data values), not fake ones."""
         self.batch_values = batch_values
         """The batch is made for real and its values are followed too (a step whose sizes depend on the data)."""
-        self.values = values.KnownValues(values.BATCH_MAX_NUMEL if batch_values else values.MAX_NUMEL)
-        """Real values of the small tensors computed from constants (memfit.estimate.values)."""
-        self.bounds = IndexBounds()
-        self.mask_counts = MaskCounts()
-        self.sparse = sparse.SparseValues(self.values.value)
+        self.step_values = StepValues(self, real=real, batch_values=batch_values, real_forward=real_forward)
+        """What the trace knows of tensor values, and its answers where they decide the step."""
         self.real_forward = real_forward
-        """What the value-dependent ops of one real forward returned: kept there by a real trace, read by a fake one."""
-        self.stand_ins = ProductStandIns() if real and real_forward is not None else None
-        """The real forward that sizes value-dependent ops does not compute its large products (see there)."""
-        self._dynamic_calls = 0  # value-dependent ops so far in this forward and loss (RealForward's order)
-        self._conditions = 0  # bool() reads so far in this forward and loss (RealForward.conditions' order)
-        self.host_copies = 0  # .numpy() calls so far in this forward and loss (RealForward.host_copies' order)
-        self._from_model: Any = tp.WeakIdKeyDictionary()
-        """Storages whose values the model's parameters or buffers went into (in forward and loss): a size decided
-        by them needs the real forward, not the batch's values."""
-        self._drawn: Any = tp.WeakIdKeyDictionary()
-        """Storages whose values a random draw of forward or loss went into (``torch.rand([]) < layerdrop``): a
-        condition on them takes another branch each step, so neither the batch nor one real forward decides it."""
-        self._draw_top: Any = tp.WeakIdKeyDictionary()
-        """One-element draws of forward and loss -> the largest value each can take, which a read as a number gets
-        (``largest_draw``), in the real forward and in the trace alike."""
+        self.sparse = sparse.SparseValues(self.step_values.known.value)
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks
 
@@ -171,7 +123,7 @@ class Recorder(tp.TorchDispatchMode):
     def set_phase(self, name: str, step: int) -> None:
         self.phase, self.step = name, step
         if name == "forward":
-            self._dynamic_calls = self._conditions = self.host_copies = 0
+            self.step_values.begin_forward()
         elif name == "data" and (self.batch_values or self.real):
             torch.manual_seed(BATCH_SEED)
         if name != "backward":
@@ -370,18 +322,15 @@ class Recorder(tp.TorchDispatchMode):
         if self.silent:
             return func(*args, **kwargs)
         name = tp.op_short_name(func)
-        call = None  # the index of a value-dependent op in this forward and loss, in RealForward's order
-        if self.phase in ("forward", "loss") and is_dynamic(func, name):
-            call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
-        condition = None  # the index of a bool() read in this forward and loss, in RealForward.conditions' order
-        if self.phase in ("forward", "loss") and name == "_local_scalar_dense" and args[0].dtype == torch.bool:
-            condition, self._conditions = self._conditions, self._conditions + 1
+        values = self.step_values
+        # the indices of a value-dependent op and of a bool() read in this forward and loss (RealForward's orders)
+        call, condition = values.number(func, name, args)
         if name in sparse.RULES and not self.real:
             # sparse COO tensors (sparse gradients): FakeTensorMode's kernels lose their nnz or have none
             try:
                 result = sparse.RULES[name](self.sparse, args, kwargs)
             except sparse.SparseValuesNeeded as exc:
-                raise ValuesNeededToTrace(str(exc), user_frame(), False, self._param_bytes()) from exc
+                raise ValuesNeededToTrace(str(exc), user_frame(), False, values.param_bytes()) from exc
             if result is not None:
                 out, scratch, let_go = result
                 self.costs.record(func, name, args, kwargs, out)
@@ -407,22 +356,17 @@ class Recorder(tp.TorchDispatchMode):
             self.costs.record(func, name, args, kwargs, None)
             return None
         if name == "_local_scalar_dense":
-            top = (self._draw_top.get(args[0].untyped_storage())
-                   if args[0].dtype != torch.bool and self.phase in ("forward", "loss") else None)
+            top = values.drawn_top(args[0])
             if top is not None:  # a draw read as a number: its largest, in the real forward and the trace alike
-                self.trace.uncertain.setdefault("value_read", f"a random draw read at {user_frame()} was taken at "
-                                                f"its largest ({top}): other draws may pick smaller sizes")
                 self.costs.record(func, name, args, kwargs, top)
                 return top
-            known = self.values.scalar(args[0])
-            if known is not None:  # a value computed from constants: the real one, no guess
-                if self.real and condition is not None and self.real_forward is not None:
-                    self.real_forward.conditions.append(bool(known))
+            known = values.known_read(args[0], condition)
+            if known is not NOT_KNOWN:  # a value computed from constants: the real one, no guess
                 self.costs.record(func, name, args, kwargs, known, sync=not self._is_optimizer_state(args[0]))
                 return known
         try:
-            out = (self.stand_ins(func, name, args, kwargs)
-                   if self.stand_ins is not None and self.phase in ("forward", "loss") else None)
+            out = (values.stand_ins(func, name, args, kwargs)
+                   if values.stand_ins is not None and self.phase in ("forward", "loss") else None)
             if out is None and name == "lift_fresh":
                 out = self._lifted_scalar(args[0])
             if out is None:
@@ -430,20 +374,17 @@ class Recorder(tp.TorchDispatchMode):
             if name == "_scaled_dot_product_flash_attention_for_cpu_backward" and not self.real:
                 out = kernel_scratch.cuda_attention_grads(out, args[1:4])
         except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
-            real = self.values.run(func, name, args, kwargs)
-            if real is not None:  # its size depends on values that are known: a fake output of the real size
-                out = _fake_like(real)
-                self.values.keep(out, real)
-                self.mask_counts.learn(name, args, out)
+            out = values.sized_from_known(func, name, args, kwargs)
+            if out is not None:  # its size depends on values that are known: a fake output of the real size
                 for t in output_tensors(out):
                     self.track(t, name)
                 return out
             if name == "_local_scalar_dense":  # a value read (bool(), .item()): no size, a value to decide
-                out = self._data_dependent_scalar(args[0], condition)
+                out = values.unknown_read(args[0], condition)
             else:
-                out = self._sized_without_all_values(name, args, kwargs, call)
+                out = values.sized_without_all_values(name, args, kwargs, call)
                 if out is not None:
-                    self.mask_counts.learn(name, args, out)
+                    values.mask_counts.learn(name, args, out)
                     self.costs.record(func, name, args, kwargs, out)
                     for t in output_tensors(out):
                         self.track(t, name)
@@ -455,8 +396,7 @@ class Recorder(tp.TorchDispatchMode):
                     raise ValuesNeededToBuild(name) from exc
                 if isinstance(exc, tp.DynamicOutputShapeException):
                     # the size depends on values made from data (a detector's matched boxes): run the step for real
-                    raise ValuesNeededToTrace(name, user_frame(), self._reads_model(deciding_inputs(name, args)),
-                                               self._param_bytes()) from exc
+                    raise values.needed(name, deciding_inputs(name, args)) from exc
                 raise
         except tp.UnsupportedOperatorException as exc:
             if name == "_ctc_loss_backward":
@@ -481,30 +421,7 @@ class Recorder(tp.TorchDispatchMode):
             # measured (benchmarks/results/estimate/corpus_measurements_h200_*: c056-c061): shapes from a bf16 call
             out = func(*[a.bfloat16() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args],
                        **kwargs).float()
-        if self.real:
-            if call is not None and self.real_forward is not None:
-                self.real_forward.keep(name, args, out)
-            if condition is not None and self.real_forward is not None:
-                self.real_forward.conditions.append(bool(out))
-        elif self.values.small(out):
-            real = self.values.run(func, name, args, kwargs, random=self.batch_values and self.phase == "data")
-            if real is not None:
-                self.values.keep(out, real)
-            self.bounds.follow(name, args, kwargs, out)
-        else:
-            self.values.forget_written(func, args)
-            self.bounds.follow(name, args, kwargs, out)
-        if not self.real and self.phase in ("forward", "loss"):
-            if self._reads_model(args):
-                for t in output_tensors(out):
-                    self._from_model[t.untyped_storage()] = True
-            if name in RANDOM_OPS or reads(self._drawn, args):
-                for t in output_tensors(out):
-                    self._drawn[t.untyped_storage()] = True
-        if self.phase in ("forward", "loss") and name in RANDOM_OPS:
-            top = largest_draw(name, args, kwargs, out)
-            if top is not None:
-                self._draw_top[out.untyped_storage()] = top
+        values.follow(func, name, args, kwargs, out, call, condition)
         # backward runs with grad mode off; checkpointing turns it on to run a module's forward again. The module
         # stack alone is no test: non-reentrant checkpointing stops recomputing early, before the forward hook.
         recompute = self.phase == "backward" and torch.is_grad_enabled() and bool(self.module_stack)
@@ -519,7 +436,8 @@ class Recorder(tp.TorchDispatchMode):
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
         if name == "convolution":
             self.track(out, name)
-            self._transient(self._conv_workspace(args[0], args[1], out, args[3], args[6], args[8]))
+            self._transient(kernel_scratch.conv_workspace(self.trace, self._where_conv(), args[0], args[1], out,
+                                                          args[3], args[6], args[8]))
             return out
         if name == "convolution_backward":
             # measured: one layout-conversion block per backward (the data and filter calls share it), sized
@@ -528,9 +446,11 @@ class Recorder(tp.TorchDispatchMode):
                 if t is not None:
                     self.track(t, name)
             if out[0] is not None or out[1] is not None:
-                layout = self._conv_workspace(args[1], args[2], args[0], args[4], args[7], args[9], backward=True)
-                narrow = self._narrow_dgrad_workspace(args[1], args[2], args[4], args[6], args[7], args[9]) \
-                    if out[0] is not None else 0
+                where = self._where_conv()
+                layout = kernel_scratch.conv_workspace(self.trace, where, args[1], args[2], args[0], args[4], args[7],
+                                                       args[9], backward=True)
+                narrow = kernel_scratch.narrow_dgrad_workspace(self.trace, where, args[1], args[2], args[4], args[6],
+                                                               args[7], args[9]) if out[0] is not None else 0
                 self._transient(max(layout, narrow))
             return out
         if self._accumulate_in_place(name, args, kwargs, out) or self._index_put_in_place(name, args, kwargs, out):
@@ -555,71 +475,8 @@ class Recorder(tp.TorchDispatchMode):
         self._transients(kernel_scratch.kernel_transients(name, args, out, self.gpu), f"{name}_scratch")
         return out
 
-    def _sized_without_all_values(self, name: str, args: Any, kwargs: dict[str, Any], call: int | None) -> Any:
-        """The output of a value-dependent op whose inputs' values are not all known (memfit.estimate.data_dependent):
-        a provable size, a size decided by the inputs that have values, or what the real forward's op returned."""
-        if name == "bincount":
-            out = self.bounds.bincount(args, kwargs)
-            if out is not None:
-                return out
-        solved = size_from_known_values(name, args, kwargs, self.values.value)
-        if solved is not None:
-            out, real = solved
-            if real is not None:
-                for f, r in zip(output_tensors(out), real if isinstance(real, (tuple, list)) else (real,)):
-                    if r is not None:
-                        self.values.keep(f, r)
-            self._sized_by("the batch's values", name)
-            return out
-        found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
-        if found is None:  # a mask sized in forward indexes again in backward (``x[mask] = v``)
-            return self.mask_counts.index(name, args)
-        outs: list[Any] = [None if t is None else _fake_like(t) for t in found.outputs]
-        for f, r in zip(outs, found.outputs):
-            if f is not None and r is not None and r.device.type != "meta":
-                self.values.keep(f, r)
-        self._sized_by("one real CPU forward", name)
-        return tuple(outs) if found.multiple else outs[0]
-
-    def _sized_by(self, source: str, name: str) -> None:
-        """Note that a value-dependent size came from ``source`` (a retry's values): the bound widens for it
-        (``trace_workload``'s message replaces this one where such a size caused the retry)."""
-        self.trace.uncertain.setdefault("data_dependent_shape", f"{name} at {user_frame()}: sizes from {source}")
-
-
-    def _narrow_dgrad_workspace(self, x: torch.Tensor, w: torch.Tensor, stride: Any, dilation: Any,
-                                transposed: bool, groups: int) -> int:
-        """The input gradient's workspace of a narrow half-precision 3x3 convolution (``workspaces``, measured)."""
-        shape = dict(itemsize=x.element_size(), stride=stride, dilation=dilation, groups=groups, transposed=transposed)
-        if ws.narrow_dgrad_unsure(x.shape, w.shape, **shape) and "conv_workspace_extrapolated" not in self.trace.uncertain:
-            where = self.module_stack[-1] if self.module_stack else "a convolution"
-            self.trace.uncertain["conv_workspace_extrapolated"] = (
-                f"{where}: a 3x3 convolution to {w.shape[0]} channels in half precision, whose input gradient "
-                "cuDNN computes with a 72-image workspace at some sizes"
-            )
-        return ws.narrow_dgrad_workspace_bytes(x.shape, w.shape, **shape)
-
-    def _conv_workspace(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stride: Any, transposed: bool,
-                        groups: int, *, backward: bool = False) -> int:
-        spatial = max(x.shape[2:], default=0)
-        if spatial > ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0) and "conv_workspace_extrapolated" not in self.trace.uncertain:
-            where = self.module_stack[-1] if self.module_stack else "a convolution"
-            self.trace.uncertain["conv_workspace_extrapolated"] = (
-                f"{where}: a {x.dim() - 2}-D convolution over {tuple(x.shape[2:])}, larger than the calibrated "
-                f"{ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)} per axis"
-            )
-        call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
-                    half=x.element_size() == 2, backward=backward, fp16=x.dtype == torch.float16)
-        unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
-        if unsure > self.trace.uncertain_bytes.get("conv_workspace_erratic", 0):
-            where = self.module_stack[-1] if self.module_stack else "a convolution"
-            what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
-                    if groups > 1 else f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} "
-                    f"channels over {tuple(x.shape[2:])} in half precision")
-            self.trace.uncertain["conv_workspace_erratic"] = (
-                f"{where}: {what}, where cuDNN's workspace was erratic: the bound adds {unsure / 2**20:.0f} MiB")
-            self.trace.uncertain_bytes["conv_workspace_erratic"] = unsure
-        return ws.conv_workspace_bytes(x.shape, w.shape, y.shape, **call)
+    def _where_conv(self) -> str:
+        return self.module_stack[-1] if self.module_stack else "a convolution"
 
     def _transients(self, sizes: list[int], op: str) -> None:
         """Blocks a kernel takes one after another and gives back in reverse order (C++ locals going out of scope)
@@ -652,57 +509,6 @@ class Recorder(tp.TorchDispatchMode):
         # reading one is no GPU sync; they are marked optimizer_state from the end of the first step on
         key = self._live.get(t.untyped_storage())
         return key is not None and self.trace.allocs[key].category == "optimizer_state"
-
-    def from_model(self, t: torch.Tensor) -> None:
-        """``t`` holds the model's values (a parameter or buffer)."""
-        self._from_model[t.untyped_storage()] = True
-
-    def _reads_model(self, args: Any) -> bool:
-        return reads(self._from_model, args)
-
-    def _param_bytes(self) -> int:
-        return sum(a.nbytes for a in self.trace.allocs if a.category == "params")
-
-    def _data_dependent_scalar(self, t: torch.Tensor, condition: int | None) -> Any:
-        # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
-        if self.phase == "optimizer":
-            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
-        if in_initializer():
-            # torch.nn.init's functions only write the values of the tensor they are given: their conditions
-            # (trunc_normal_'s rejection loop asks `mask.any()`) decide which values, never which tensors exist
-            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
-        if t.dtype == torch.bool and reads(self._drawn, [t]):
-            # a fresh draw each step (LayerDrop's `torch.rand([]) < p`): no one run decides it. False is the draw at
-            # which stochastic depth and LayerDrop skip nothing, their largest step
-            self.trace.uncertain.setdefault("value_branch", f"a condition on a random draw at {user_frame()} was "
-                                            "taken as False (LayerDrop and stochastic depth then skip nothing)")
-            return False
-        recorded = self.real_forward.conditions if self.real_forward is not None else []
-        if condition is not None and condition < len(recorded):
-            return recorded[condition]  # what the real forward's condition at this place in the order was
-        if t.dtype == torch.bool and self.phase in ("forward", "loss") and self.real_forward is None \
-                and not self.building_model:
-            # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
-            # decide it, as for a value-dependent size (trace_workload), rather than take a branch real data may not
-            raise ValuesNeededToTrace(CONDITION, user_frame(), self._reads_model([t]), self._param_bytes())
-        # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
-        reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
-        if reason not in self.trace.uncertain:
-            module = self.module_stack[-1] if self.module_stack else self.phase
-            self.trace.uncertain[reason] = (
-                f"a condition on tensor values at {user_frame()} ({module}) was taken as False" if reason == "value_branch"
-                else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
-        if not self._warned_item:
-            self._warned_item = True
-            msg = (
-                "the step reads a tensor value with .item() or similar; fake tensors have none, so memfit used 0. "
-                "Memory is right unless control flow depends on that value."
-            )
-            self.trace.warnings.append(msg)
-            log.warning(msg)
-        if t.dtype == torch.bool:
-            return False
-        return 0 if not t.is_floating_point() else 0.0
 
     def _maybe_cublas_workspace(self) -> None:
         # cuBLAS keeps one workspace per (handle, stream); handles are per thread and CUDA's autograd engine runs

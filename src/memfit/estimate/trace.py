@@ -104,13 +104,14 @@ class HostCopies:
         r = self.recorder
         if threading.get_ident() != self._thread or r.phase not in ("forward", "loss"):
             return _TORCH_NUMPY(t, *args, **kwargs)
-        index, r.host_copies = r.host_copies, r.host_copies + 1
+        values = r.step_values
+        index, values.host_copies = values.host_copies, values.host_copies + 1
         if r.real:
             out = _TORCH_NUMPY(t, *args, **kwargs)
             if r.real_forward is not None:
                 r.real_forward.host_copies.append(out.copy())
             return out
-        known = r.values.value(t)
+        known = values.known.value(t)
         if known is not None:
             with tp.no_dispatch_modes():  # the real tensor's own values, not the fake mode's
                 return _TORCH_NUMPY(known, *args, **kwargs)
@@ -119,7 +120,7 @@ class HostCopies:
             r.trace.uncertain.setdefault("data_dependent_shape", f".numpy() at {user_frame()}: values from one "
                                          "real CPU forward")
             return recorded[index]
-        raise ValuesNeededToTrace(HOST_COPY, user_frame(), r._reads_model([t]), r._param_bytes())
+        raise values.needed(HOST_COPY, [t])
 
 
 def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STEPS) -> Trace:
@@ -152,7 +153,7 @@ def trace_workload(workload: Workload, gpu: GpuSpec, *, steps: int = DEFAULT_STE
             op, where, _, param_bytes = exc.args
     if op == CONDITION and param_bytes > CONDITION_REAL_FORWARD_MAX_PARAM_BYTES:
         # conditions alone do not justify building a large model for real: taken as False, named in the bound (an
-        # empty RealForward answers every read from "no real value", see Recorder._data_dependent_scalar)
+        # empty RealForward answers every read from "no real value", see StepValues.unknown_read)
         log.info("%s: conditions on the model's values taken as False (its %s of parameters are not built for "
                  "real on the CPU to decide them)", workload.name, format_bytes(param_bytes))
         try:

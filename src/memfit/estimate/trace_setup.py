@@ -109,7 +109,7 @@ def register_model(recorder: Recorder, model: torch.nn.Module, optimizer: torch.
         recorder.mark(b, "buffers")
     for t in itertools.chain(model.parameters(), model.buffers()):
         if t.layout == torch.strided:
-            recorder.from_model(t)
+            recorder.step_values.from_model(t)
 
 
 def on_phase(recorder: Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:

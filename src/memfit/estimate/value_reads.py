@@ -1,10 +1,11 @@
 """Tensor values the trace reads but fake tensors do not have: conditions, ``.item()``, random draws.
 
-The recorder (``memfit.estimate.recorder``) answers what it can from known values; what it cannot, it hands to
-the driver (``memfit.estimate.trace``) as ``ValuesNeededToTrace``, which traces again with the values of one
-random batch or of one real CPU forward. This module holds what both sides name: where in the user's code a
-value was read (``user_frame``), the random ops and their largest draws, and the errors that ask the driver for
-values. (``.numpy()`` is hooked by the driver, which enters the hook around the steps.)
+The recorder (``memfit.estimate.recorder``, through ``memfit.estimate.step_values``) answers what it can from
+known values; what it cannot, it hands to the driver (``memfit.estimate.trace``) as ``ValuesNeededToTrace``,
+which traces again with the values of one random batch or of one real CPU forward. This module holds what both
+sides name: where in the user's code a value was read (``user_frame``), the random ops and their largest draws,
+and the errors that ask the driver for values. (``.numpy()`` is hooked by the driver, which enters the hook
+around the steps.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,273 @@
+"""What a trace knows of the step's tensor values, and its answer wherever values decide what the step does.
+
+Fake tensors have shapes and no values. The recorder (``memfit.estimate.recorder``) asks ``StepValues`` at the
+three places where values matter: an op whose output size depends on them (``nonzero``, a boolean mask), a value
+read as a number or a condition (``.item()``, ``bool()``), and after every op, to follow what it learnt (the
+values of small tensors made from constants, which storages hold the model's values or a random draw's). The
+answers come, in this order, from known values (``memfit.estimate.values``), from a proof or the batch's values
+(``memfit.estimate.data_dependent``), from one real CPU forward of the first step (``RealForward``), and last
+from a request to trace again with values (``ValuesNeededToTrace``) or a read taken as 0, said in ``uncertain``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import torch
+
+from memfit import _torch_private as tp
+from memfit.estimate import values
+from memfit.estimate.bound import UncertaintyReason
+from memfit.estimate.data_dependent import (
+    IndexBounds,
+    MaskCounts,
+    ProductStandIns,
+    RealForward,
+    is_dynamic,
+    size_from_known_values,
+)
+from memfit.estimate.trace_record import Trace, output_tensors
+from memfit.estimate.value_reads import (
+    CONDITION,
+    RANDOM_OPS,
+    ValuesNeededToTrace,
+    in_initializer,
+    largest_draw,
+    reads,
+    user_frame,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NOT_KNOWN", "StepValues", "fake_like"]
+
+NOT_KNOWN = object()
+"""``StepValues.known_read``'s answer when the value read is not known before the op runs."""
+
+
+class _Recording(Protocol):
+    """What ``StepValues`` reads of the recorder: where in the step the trace is."""
+
+    trace: Trace
+    phase: str
+    module_stack: list[str]
+    building_model: bool
+
+
+def fake_like(real: Any) -> Any:
+    """Fake tensors (the fake mode is the next one down) of ``real``'s shapes, strides and dtypes."""
+    if isinstance(real, torch.Tensor):
+        return torch.empty_strided(real.shape, real.stride(), dtype=real.dtype)
+    if isinstance(real, (list, tuple)):
+        return type(real)(fake_like(r) for r in real)
+    return real
+
+
+class StepValues:
+    """The values one trace follows and the answers it gives where values decide the step (module docstring)."""
+
+    def __init__(self, recording: _Recording, *, real: bool, batch_values: bool,
+                 real_forward: RealForward | None) -> None:
+        self._recording = recording
+        self.real = real
+        """Tracing real CPU tensors (a step whose sizes depend on data values), not fake ones."""
+        self.batch_values = batch_values
+        """The batch is made for real and its values are followed too (a step whose sizes depend on the data)."""
+        self.known = values.KnownValues(values.BATCH_MAX_NUMEL if batch_values else values.MAX_NUMEL)
+        """Real values of the small tensors computed from constants (memfit.estimate.values)."""
+        self.bounds = IndexBounds()
+        self.mask_counts = MaskCounts()
+        self.real_forward = real_forward
+        """What the value-dependent ops of one real forward returned: kept there by a real trace, read by a fake one."""
+        self.stand_ins = ProductStandIns() if real and real_forward is not None else None
+        """The real forward that sizes value-dependent ops does not compute its large products (see there)."""
+        self._dynamic_calls = 0  # value-dependent ops so far in this forward and loss (RealForward's order)
+        self._conditions = 0  # bool() reads so far in this forward and loss (RealForward.conditions' order)
+        self.host_copies = 0  # .numpy() calls so far in this forward and loss (RealForward.host_copies' order)
+        self._from_model: Any = tp.WeakIdKeyDictionary()
+        """Storages whose values the model's parameters or buffers went into (in forward and loss): a size decided
+        by them needs the real forward, not the batch's values."""
+        self._drawn: Any = tp.WeakIdKeyDictionary()
+        """Storages whose values a random draw of forward or loss went into (``torch.rand([]) < layerdrop``): a
+        condition on them takes another branch each step, so neither the batch nor one real forward decides it."""
+        self._draw_top: Any = tp.WeakIdKeyDictionary()
+        """One-element draws of forward and loss -> the largest value each can take, which a read as a number gets
+        (``largest_draw``), in the real forward and in the trace alike."""
+        self._warned_read = False
+
+    def begin_forward(self) -> None:
+        """A forward begins: RealForward's records are numbered from here."""
+        self._dynamic_calls = self._conditions = self.host_copies = 0
+
+    def number(self, func: Any, name: str, args: Any) -> tuple[int | None, int | None]:
+        """The op's place in this forward and loss among the value-dependent ops and among the conditions (the
+        orders RealForward keeps), or None where it is not one."""
+        if self._recording.phase not in ("forward", "loss"):
+            return None, None
+        call = condition = None
+        if is_dynamic(func, name):
+            call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
+        if name == "_local_scalar_dense" and args[0].dtype == torch.bool:
+            condition, self._conditions = self._conditions, self._conditions + 1
+        return call, condition
+
+    # ------------------------------------------------------------ value reads
+    def drawn_top(self, t: torch.Tensor) -> Any:
+        """A one-element random draw of forward or loss read as a number: its largest value (``largest_draw``), in
+        the real forward and the trace alike; None for any other read."""
+        if t.dtype == torch.bool or self._recording.phase not in ("forward", "loss"):
+            return None
+        top = self._draw_top.get(t.untyped_storage())
+        if top is not None:
+            self._recording.trace.uncertain.setdefault(
+                "value_read", f"a random draw read at {user_frame()} was taken at its largest ({top}): other draws "
+                "may pick smaller sizes")
+        return top
+
+    def known_read(self, t: torch.Tensor, condition: int | None) -> Any:
+        """``t.item()`` when ``t``'s value is known (computed from constants), else ``NOT_KNOWN``."""
+        known = self.known.scalar(t)
+        if known is None:
+            return NOT_KNOWN
+        if self.real and condition is not None and self.real_forward is not None:
+            self.real_forward.conditions.append(bool(known))
+        return known
+
+    def unknown_read(self, t: torch.Tensor, condition: int | None) -> Any:
+        """The value a read of ``t`` gets when no value is known: what the real forward read at the same place, or
+        a request to trace with values (a condition in forward), or 0, said in ``uncertain``."""
+        recording = self._recording
+        # GradScaler reads found_inf in the optimizer phase: 0 (no inf) is the step we want to predict
+        if recording.phase == "optimizer":
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        if in_initializer():
+            # torch.nn.init's functions only write the values of the tensor they are given: their conditions
+            # (trunc_normal_'s rejection loop asks `mask.any()`) decide which values, never which tensors exist
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        if t.dtype == torch.bool and reads(self._drawn, [t]):
+            # a fresh draw each step (LayerDrop's `torch.rand([]) < p`): no one run decides it. False is the draw at
+            # which stochastic depth and LayerDrop skip nothing, their largest step
+            recording.trace.uncertain.setdefault(
+                "value_branch", f"a condition on a random draw at {user_frame()} was taken as False (LayerDrop and "
+                "stochastic depth then skip nothing)")
+            return False
+        recorded = self.real_forward.conditions if self.real_forward is not None else []
+        if condition is not None and condition < len(recorded):
+            return recorded[condition]  # what the real forward's condition at this place in the order was
+        if t.dtype == torch.bool and recording.phase in ("forward", "loss") and self.real_forward is None \
+                and not recording.building_model:
+            # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
+            # decide it, as for a value-dependent size (trace_workload), rather than take a branch real data may not
+            raise self.needed(CONDITION, [t])
+        # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
+        reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
+        if reason not in recording.trace.uncertain:
+            module = recording.module_stack[-1] if recording.module_stack else recording.phase
+            recording.trace.uncertain[reason] = (
+                f"a condition on tensor values at {user_frame()} ({module}) was taken as False"
+                if reason == "value_branch" else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
+        if not self._warned_read:
+            self._warned_read = True
+            msg = (
+                "the step reads a tensor value with .item() or similar; fake tensors have none, so memfit used 0. "
+                "Memory is right unless control flow depends on that value."
+            )
+            recording.trace.warnings.append(msg)
+            log.warning(msg)
+        if t.dtype == torch.bool:
+            return False
+        return 0 if not t.is_floating_point() else 0.0
+
+    # ------------------------------------------------------ value-dependent sizes
+    def sized_from_known(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
+        """The output of a value-dependent op whose inputs' values are all known: a fake tensor of the real size;
+        None when they are not."""
+        real = self.known.run(func, name, args, kwargs)
+        if real is None:
+            return None
+        out = fake_like(real)
+        self.known.keep(out, real)
+        self.mask_counts.learn(name, args, out)
+        return out
+
+    def sized_without_all_values(self, name: str, args: Any, kwargs: dict[str, Any], call: int | None) -> Any:
+        """The output of a value-dependent op whose inputs' values are not all known (memfit.estimate.data_dependent):
+        a provable size, a size decided by the inputs that have values, or what the real forward's op returned."""
+        if name == "bincount":
+            out = self.bounds.bincount(args, kwargs)
+            if out is not None:
+                return out
+        solved = size_from_known_values(name, args, kwargs, self.known.value)
+        if solved is not None:
+            out, real = solved
+            if real is not None:
+                for f, r in zip(output_tensors(out), real if isinstance(real, (tuple, list)) else (real,)):
+                    if r is not None:
+                        self.known.keep(f, r)
+            self._sized_by("the batch's values", name)
+            return out
+        found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
+        if found is None:  # a mask sized in forward indexes again in backward (``x[mask] = v``)
+            return self.mask_counts.index(name, args)
+        outs: list[Any] = [None if t is None else fake_like(t) for t in found.outputs]
+        for f, r in zip(outs, found.outputs):
+            if f is not None and r is not None and r.device.type != "meta":
+                self.known.keep(f, r)
+        self._sized_by("one real CPU forward", name)
+        return tuple(outs) if found.multiple else outs[0]
+
+    def _sized_by(self, source: str, name: str) -> None:
+        """Note that a value-dependent size came from ``source`` (a retry's values): the bound widens for it
+        (``trace_workload``'s message replaces this one where such a size caused the retry)."""
+        self._recording.trace.uncertain.setdefault("data_dependent_shape",
+                                                   f"{name} at {user_frame()}: sizes from {source}")
+
+    def needed(self, op: str, deciding: Any) -> ValuesNeededToTrace:
+        """The request to trace again with values, for ``op`` whose answer the tensors ``deciding`` decide."""
+        return ValuesNeededToTrace(op, user_frame(), self.reads_model(deciding), self.param_bytes())
+
+    # ---------------------------------------------------------------- after ops
+    def follow(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any, call: int | None,
+               condition: int | None) -> None:
+        """Learn what the op just run tells of values: the real forward's records, the known values of small
+        outputs, index bounds, and which outputs hold the model's values or a random draw's."""
+        phase = self._recording.phase
+        if self.real:
+            if call is not None and self.real_forward is not None:
+                self.real_forward.keep(name, args, out)
+            if condition is not None and self.real_forward is not None:
+                self.real_forward.conditions.append(bool(out))
+        elif self.known.small(out):
+            real = self.known.run(func, name, args, kwargs, random=self.batch_values and phase == "data")
+            if real is not None:
+                self.known.keep(out, real)
+            self.bounds.follow(name, args, kwargs, out)
+        else:
+            self.known.forget_written(func, args)
+            self.bounds.follow(name, args, kwargs, out)
+        if phase not in ("forward", "loss"):
+            return
+        if not self.real:
+            if self.reads_model(args):
+                for t in output_tensors(out):
+                    self._from_model[t.untyped_storage()] = True
+            if name in RANDOM_OPS or reads(self._drawn, args):
+                for t in output_tensors(out):
+                    self._drawn[t.untyped_storage()] = True
+        if name in RANDOM_OPS:
+            top = largest_draw(name, args, kwargs, out)
+            if top is not None:
+                self._draw_top[out.untyped_storage()] = top
+
+    def from_model(self, t: torch.Tensor) -> None:
+        """``t`` holds the model's values (a parameter or buffer)."""
+        self._from_model[t.untyped_storage()] = True
+
+    def reads_model(self, args: Any) -> bool:
+        """Some tensor of ``args`` holds values the model's parameters or buffers went into."""
+        return reads(self._from_model, args)
+
+    def param_bytes(self) -> int:
+        """The bytes of the model's parameters traced so far."""
+        return sum(a.nbytes for a in self._recording.trace.allocs if a.category == "params")
