@@ -140,6 +140,22 @@ def test_sizes_from_the_models_values_come_from_one_real_forward(monkeypatch):  
     assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512  # about half the outputs are positive
 
 
+def test_the_real_forward_builds_the_same_model_whatever_random_state_the_caller_left():
+    # the model built for real is seeded (trace.MODEL_SEED): its weights decide the sizes, so two estimates of the
+    # same step must not depend on what drew random numbers before them; the caller's state is given back
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
+                 loss=_loss_of_the_positive_outputs, optimizer=_sgd, batch_size=512)
+    rows = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        trace = trace_workload(w, GPU)
+        rows.append(sorted({a.shape[0] for a in trace.allocs if a.op == "index"}))
+        after = torch.rand(1)
+        torch.manual_seed(seed)
+        assert torch.equal(after, torch.rand(1))
+    assert len(rows[0]) == 1 and rows[0] == rows[1]
+
+
 class _FailsInBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):  # noqa: ANN001, ANN205
