@@ -778,6 +778,26 @@ def test_values_written_into_a_known_tensor_through_indexing_are_read_back():
     assert not traced.warnings and "value_read" not in traced.uncertain
 
 
+def test_a_whole_overwrite_of_an_unknown_tensor_forgets_the_views_known_before_it():
+    # table[1]'s view is known (300) while table is not; table.fill_(7) then writes all of table into fresh memory,
+    # so the view's 300 is stale: reading it must be said, never read back silently as 300
+    class Stale(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            table = torch.empty(4, dtype=torch.long)
+            second = table[1]
+            second.fill_(300)
+            table.fill_(7)
+            self.a = torch.nn.Linear(1024, 8 + int(second))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x)
+
+    traced = trace_workload(_linear_workload(model=Stale), GPU, steps=2)
+    assert traced.param_count != 1024 * 308 + 308
+    assert "value_read" in traced.uncertain
+
+
 def _write_unknown(table: torch.Tensor) -> None:
     table[1] = 300
     table[0] = torch.randint(1, 9, ())  # a value the trace does not follow, written beside the known ones

@@ -116,8 +116,9 @@ class KnownValues:
         return self._real.get(t)
 
     def _real_args(self, name: str, args: Any, kwargs: dict[str, Any], random: bool,
-                   ) -> tuple[Any, dict[str, Any]] | None:
-        """``args`` and ``kwargs`` with every fake tensor replaced by its value; None if one is unknown or big."""
+                   ) -> tuple[Any, dict[str, Any], torch.Tensor | None] | None:
+        """``args`` and ``kwargs`` with every fake tensor replaced by its value, and the unknown tensor the op
+        overwrites, which gets fresh memory instead (None if none); None if a tensor is unknown or big."""
         if name in _NEVER and not (random and name in _RANDOM):
             return None
         found = tensors(args) + tensors(list(kwargs.values()))
@@ -132,7 +133,7 @@ class KnownValues:
                 return None
 
         return (_swap(args, filled, self.value),
-                {k: _swap(v, filled, self.value) for k, v in kwargs.items()})
+                {k: _swap(v, filled, self.value) for k, v in kwargs.items()}, filled)
 
     def forget_written(self, func: Any, args: Any) -> None:
         """The op writes into some of its arguments with values not followed here: they are unknown now, and so is
@@ -158,13 +159,14 @@ class KnownValues:
         if real is None:
             self.forget_written(func, args)
             return None
-        if real[0] and isinstance(args[0], torch.Tensor) and real[0][0] is not self.value(args[0]):
+        real_args, real_kwargs, filled = real
+        if filled is not None:
             # an unknown tensor overwritten into fresh memory: its value is known after the op, but the other
             # tensors over its storage hold values of which only part was written
-            self._forget_storage(args[0])
+            self._forget_storage(filled)
         with tp.no_dispatch_modes(), torch.no_grad(), torch.autocast("cpu", enabled=False):
             try:
-                return func(*real[0], **real[1])
+                return func(*real_args, **real_kwargs)
             except Exception:  # the real op refuses what the fake one took (a device it cannot use): unknown
                 return None
 
