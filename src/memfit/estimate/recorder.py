@@ -114,8 +114,6 @@ class Recorder(tp.TorchDispatchMode):
         """The batch is made for real and its values are followed too (a step whose sizes depend on the data)."""
         self.step_values = StepValues(self, real=real, batch_values=batch_values, real_forward=real_forward)
         """What the trace knows of tensor values, and its answers where they decide the step."""
-        self.real_forward = real_forward
-        """What the value-dependent ops of one real forward returned (``step_values`` keeps and reads it)."""
         self.sparse = sparse.SparseValues(self.step_values.known.value)
         self.costs = OpCounter()
         self.trace.op_costs, self.trace.cost_marks = self.costs.rows, self.costs.marks

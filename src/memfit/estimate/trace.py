@@ -108,14 +108,14 @@ class HostCopies:
         index, values.host_copies = values.host_copies, values.host_copies + 1
         if r.real:
             out = _TORCH_NUMPY(t, *args, **kwargs)
-            if r.real_forward is not None:
-                r.real_forward.host_copies.append(out.copy())
+            if values.real_forward is not None:
+                values.real_forward.host_copies.append(out.copy())
             return out
         known = values.known.value(t)
         if known is not None:
             with tp.no_dispatch_modes():  # the real tensor's own values, not the fake mode's
                 return _TORCH_NUMPY(known, *args, **kwargs)
-        recorded = r.real_forward.host_copies if r.real_forward is not None else []
+        recorded = values.real_forward.host_copies if values.real_forward is not None else []
         if index < len(recorded) and tuple(recorded[index].shape) == tuple(t.shape):
             r.trace.uncertain.setdefault("data_dependent_shape", f".numpy() at {user_frame()}: values from one "
                                          "real CPU forward")
@@ -304,7 +304,7 @@ def _trace_frozen(workload: Workload, recorder: Recorder, *, steps: int, old_obj
     # each selective recompute hands back the outputs its forward kept, unseen by the recorder: count them
     selective_regions.on_recompute = recorder.costs.kept_outputs
     # the real forward that sizes a detector's outputs keeps only values and sizes: its fp16 ops may compute in fp32
-    semantics = CudaSemantics(recorder.gpu, half_in_fp32=real and recorder.real_forward is not None)
+    semantics = CudaSemantics(recorder.gpu, half_in_fp32=real and recorder.step_values.real_forward is not None)
     try:
         with fake_mode, recorder, semantics:
             try:

@@ -113,7 +113,7 @@ def register_model(recorder: Recorder, model: torch.nn.Module, optimizer: torch.
 
 
 def on_phase(recorder: Recorder, optimizer: torch.optim.Optimizer, name: str, step: int) -> None:
-    if name == "backward" and recorder.real and recorder.real_forward is not None:
+    if name == "backward" and recorder.real and recorder.step_values.real_forward is not None:
         raise ForwardRecorded  # the forward and loss gave the sizes: backward would only cost time
     if name == "optimizer" and step == 0:
         recorder.grad_keys = grad_keys(recorder, optimizer)
