@@ -332,9 +332,27 @@ def test_the_memory_line_passes_through_the_estimate_it_was_fitted_on(grid: Grid
     # the forward/backward peak sets the need here, scaled to the bound as the estimate scales it
     assert abs(model.fits_in(b_mid) - mid.fits_in_upper_bytes) <= 1
     lo = grid.search.estimate(base.config(1, EFF))
-    # slope: the forward/backward peak's growth per sample between the two estimates
-    fb = [max(p.allocated_bytes for p in e.timeline if p.phase in ("forward", "loss", "backward")) for e in (lo, mid)]
+    # and through the one at micro-batch 1, each end scaled by its own estimate's widening
+    assert abs(model.fits_in(1) - lo.fits_in_upper_bytes) <= 1
+    # slope: the forward/backward peak's growth per sample between the two estimates, each scaled to its bound
+    fb = [max(p.allocated_bytes for p in e.timeline if p.phase in ("forward", "loss", "backward"))
+          * e.fits_in_upper_bytes / e.peak_allocated_bytes for e in (lo, mid)]
     assert model.fb_slope == pytest.approx((fb[1] - fb[0]) / (b_mid - 1))
+
+
+def test_a_checkpointed_line_starts_below_its_base_by_the_share_it_saves(grid: Grid):
+    base = grid.structures[0]
+    checkpointed = next(s for s in grid.structures if s.checkpoint and s.checkpoint_mode == "full"
+                        and dataclasses.replace(s, checkpoint=(), checkpoint_mode="full") == base)
+    b_mid = max(d for d in divisors(EFF) if d <= EFF // 2)
+    plain, saved = grid.models[base], grid.models[checkpointed]
+    # it meets its own estimate at b_mid, and at micro-batch 1 is the base's less 1/b_mid of what it saves there
+    mid = grid.search.estimate(checkpointed.config(b_mid, EFF))
+    assert abs(saved.fits_in(b_mid) - mid.fits_in_upper_bytes) <= 1
+    fb_mid = plain.fb_intercept + plain.fb_slope * (b_mid - 1)
+    fb_ck = saved.fb_intercept + saved.fb_slope * (b_mid - 1)
+    assert fb_ck < fb_mid
+    assert saved.fb_intercept == pytest.approx(plain.fb_intercept - (fb_mid - fb_ck) / b_mid)
 
 
 def _rows(*pairs: tuple[int, int]) -> PhaseCost:

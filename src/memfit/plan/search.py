@@ -315,11 +315,10 @@ def _memory_models(search: Search) -> tuple[list[Structure], dict[Structure, Mem
             continue
         if channels_last != w.channels_last and not _format_may_pay(search, base, mid, b_mid, eff):
             continue
-        fb_lo, other_lo = phase_peaks(lo)
-        fb_mid, other_mid = phase_peaks(mid)
+        fb_lo, other_lo = _upper_phases(lo)
+        fb_mid, other_mid = _upper_phases(mid)
         span = max(b_mid - b_lo, 1)
-        models[base] = MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid),
-                                    mid.fits_in_upper_bytes / mid.peak_allocated_bytes, b_lo)
+        models[base] = MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid), 1.0, b_lo)
         structures.append(base)
         choices = checkpoint_choices(mid.activations_by_module, facts.blocks)
         search.guess([dataclasses.replace(base, checkpoint=blocks, checkpoint_mode=mode).config(b_mid, eff)
@@ -337,12 +336,22 @@ def _memory_models(search: Search) -> tuple[list[Structure], dict[Structure, Mem
                     modes.remove(mode)
                     search.notes.append(f"{mode} checkpointing left out: {exc}")
                     continue
-                fb, other = phase_peaks(e)
-                # the line through base at b_lo (an upper bound: checkpointing shrinks it too) and this estimate
-                models[s] = MemoryModel(fb_lo, (fb - fb_lo) / span, other,
-                                         e.fits_in_upper_bytes / e.peak_allocated_bytes, b_lo)
+                fb, other = _upper_phases(e)
+                # at b_lo: base's, less what checkpointing saves at b_mid scaled down to b_lo's samples
+                at_lo = min(fb_lo, max(fb_lo - (fb_mid - fb) * b_lo / b_mid, 0.0))
+                models[s] = MemoryModel(at_lo, (fb - at_lo) / span, other, 1.0, b_lo)
                 structures.append(s)
     return structures, models
+
+
+def _upper_phases(est: Estimate) -> tuple[float, float]:
+    """``phase_peaks`` scaled to the estimate's upper bound (``fits_in_upper_bytes`` over the allocated peak): the
+    memory line's points, each with its own estimate's widening, so the line meets both estimates it is drawn
+    through. Scaling both ends by the larger micro-batch's widening put GPT-2's line 0.5 GiB above its exact
+    estimate at micro-batch 1 and 2, and probing for that error cost a trace per structure."""
+    fb, other = phase_peaks(est)
+    ratio = est.fits_in_upper_bytes / est.peak_allocated_bytes if est.peak_allocated_bytes else 1.0
+    return fb * ratio, other * ratio
 
 
 FINER_CHECKPOINT_SHARE = 0.75
