@@ -147,3 +147,32 @@ def test_no_lane_in_a_process_with_other_threads():
     finally:
         stop.set()
         other.join()
+
+
+def test_a_trace_is_unpickled_without_a_garbage_collection():
+    """Thousands of objects unpickled at once set off collections over the planner's whole heap (0.3 s each in a
+    GPT-2 plan): the lane loads with the collector held off, and leaves it as it found it."""
+    import gc
+    import pickle
+
+    data = pickle.dumps([(i, [i]) for i in range(50_000)])
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        assert lanes._unpickle(data)[-1] == (49_999, [49_999])
+        assert collections == [] and gc.isenabled()
+        gc.disable()
+        try:
+            lanes._unpickle(data)
+            assert not gc.isenabled()  # a caller that had it off keeps it off
+        finally:
+            gc.enable()
+        pickle.loads(data)
+        assert collections  # the premise: without the hold-off, this load collects
+    finally:
+        gc.callbacks.remove(seen)

@@ -9,8 +9,8 @@ never asked for costs nothing but the other core's time.
 
 The child is an ``os.fork`` of the planner at the moment of the guess, so it sees the workload and every cache as
 they are, and traces with the same code; the ``Trace`` comes back pickled through a file it writes atomically
-(a few hundred kB: 6 ms each way). A trace is deterministic (a seeded batch, no wall clock), so the plan is the
-same with and without the lane (``tests/test_plan_lanes.py``). What the child logged (memfit's records, Python
+(about 1 MB for GPT-2: 35-60 ms to load, see ``_unpickle``). A trace is deterministic (a seeded batch, no wall
+clock), so the plan is the same with and without the lane (``tests/test_plan_lanes.py``). What the child logged (memfit's records, Python
 warnings) is kept with the trace and given to this process's logging and warnings only when the trace is used, so a
 guess that is thrown away says nothing. A child that fails for any reason hands back nothing, and the trace is made
 here, where its error is the user's to see.
@@ -28,6 +28,7 @@ it was asked for is stopped, the trace made here, and the lane closed for the re
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -196,7 +197,7 @@ class TraceLane(Generic[K, V]):
         if os.waitstatus_to_exitcode(status) == 0:
             # written by the child into this process's own private folder (mkdtemp: mode 0700)
             with contextlib.suppress(Exception):  # anything amiss: the trace is made here instead
-                child.result, child.logged, child.warned = pickle.loads(child.path.read_bytes())
+                child.result, child.logged, child.warned = _unpickle(child.path.read_bytes())
         child.path.unlink(missing_ok=True)
         self._ready[child.key] = child
 
@@ -208,6 +209,20 @@ class TraceLane(Generic[K, V]):
             os._exit(_child_main(self._make, key, path))
         self.forked += 1
         self._child = _Child(key, pid, path)
+
+
+def _unpickle(data: bytes) -> Any:
+    """``pickle.loads`` with Python's cyclic garbage collector held off: the thousands of objects a trace unpickles
+    into otherwise set off a full collection over the planner's whole heap (models, fake tensors, every trace so
+    far): in a GPT-2 plan (2-core CPU, session 23) four of seven loads took 0.29-0.37 s, the others 35-60 ms.
+    Nothing the load makes is garbage; the collector runs again at its next threshold."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return pickle.loads(data)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Records(logging.Handler):

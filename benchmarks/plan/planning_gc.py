@@ -1,0 +1,83 @@
+"""Where a plan's time goes to Python's cyclic garbage collector, for two source trees side by side.
+
+    python benchmarks/plan/planning_gc.py --trees BEFORE/src,AFTER/src --rounds 2 \
+        --out benchmarks/results/plan/planning_gc_cpu_<torch>_<date>.json
+
+Plans GPT-2 at 5.5 GiB (H200, roofline; the lane on where this machine has one) in a fresh process per tree and
+round, the trees alternating, and counts the collections the planning process itself runs (``gc.callbacks``;
+the lane's children are not counted) with the seconds they take, by generation. A full (generation 2) collection
+walks every object in the process: torch, the model's libraries and every trace the plan holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def plan_counting_collections() -> dict:
+    stats = {g: [0, 0.0] for g in range(3)}
+    started: dict[str, float] = {}
+    me = os.getpid()
+
+    def seen(phase: str, info: dict) -> None:
+        if os.getpid() != me:
+            return
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        else:
+            stats[info["generation"]][0] += 1
+            stats[info["generation"]][1] += time.perf_counter() - started["t"]
+
+    gc.callbacks.append(seen)
+    sys.path.insert(0, str(HERE))
+    import sweep_device
+
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.plan.search import plan
+
+    t = time.perf_counter()
+    p = plan(sweep_device._workload("gpt2"), budget_bytes=int(5.5 * 2**30), effective_batch=32,
+             gpu=gpu_spec("h200"), calibration="roofline")
+    return {"seconds": round(time.perf_counter() - t, 2), "estimates": p.estimates, "chosen": p.chosen.config.label(),
+            "collections": {str(g): {"count": n, "seconds": round(s, 3)} for g, (n, s) in stats.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trees", help="BEFORE_SRC,AFTER_SRC")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(plan_counting_collections()))
+        return
+    rows = []
+    for r in range(args.rounds):
+        for tree in args.trees.split(","):
+            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+            done = subprocess.run([sys.executable, __file__, "--one"], env=env, check=True, capture_output=True,
+                                  text=True)
+            row = {"round": r, "tree": tree, **json.loads(done.stdout.strip().splitlines()[-1])}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    import torch
+
+    report = {"what": "GPT-2 plan at 5.5 GiB (H200, roofline): the planning process's own garbage collections",
+              "trees": args.trees.split(","), "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
