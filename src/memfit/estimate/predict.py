@@ -16,7 +16,7 @@ from memfit.estimate.bound import Uncertainty, upper_bound
 from memfit.estimate.categories import TRACED_CATEGORIES, MemoryCategory, TracedCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
 from memfit.estimate.op_costs import StepCost
-from memfit.estimate.trace import trace_workload
+from memfit.estimate.trace import OldObjectsFrozen, trace_workload
 from memfit.estimate.trace_record import Trace
 from memfit.records import JsonRecord, json_as
 from memfit.workload.protocol import DEFAULT_STEPS
@@ -164,10 +164,11 @@ def estimate(
     spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu)
     config = allocator if allocator is not None else AllocatorConfig.from_env()
     trace = reuse_trace if reuse_trace is not None else trace_workload(workload, spec, steps=steps)
-    events = trace.events()
-    analysis = _analyse(trace, events, config)
-    # a cap below the allocated peak can never work; the search starts from there
-    replayed = max(smallest_fitting_capacity(events, config), analysis["peak_allocated"])
+    with OldObjectsFrozen():  # no walk over every object in the process: see OldObjectsFrozen
+        events = trace.events()
+        analysis = _analyse(trace, events, config)
+        # a cap below the allocated peak can never work; the search starts from there
+        replayed = max(smallest_fitting_capacity(events, config), analysis["peak_allocated"])
     fits_in = -(-int(replayed * (1 + FITS_IN_MARGIN)) // _SEGMENT) * _SEGMENT
     breakdown = dict(analysis["breakdown"])
     breakdown["fragmentation"] = fits_in - analysis["peak_allocated"]

@@ -1,0 +1,90 @@
+"""Python's cyclic garbage collector in ``memfit estimate``, for two source trees side by side.
+
+    PYTHONPATH=<library folders> python benchmarks/estimate/estimate_gc.py --trees BEFORE/src,AFTER/src \
+        --specs benchmarks/zoo/holdout.py:ho_hf_detr,... --out benchmarks/results/estimate/estimate_gc_cpu_<torch>_<date>.json
+
+Each spec is estimated (``--gpu h100 --json``) in a fresh process per tree, the trees alternating, with
+``gc.callbacks`` counting the collections and their seconds by generation; for each full (generation 2)
+collection, where in memfit it started and how many objects it freed. A full collection walks every object in the
+process (torch, the model's libraries, the trace), so its cost is the heap's size, not the garbage's. A
+``PYTHONPATH`` already set comes after the tree (the model libraries the GPU has).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def estimate_counting_collections(spec: str) -> dict:
+    stats = {g: [0, 0.0] for g in range(3)}
+    full: list[dict] = []
+    state: dict = {}
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            state["t"] = time.perf_counter()
+            if info["generation"] == 2:
+                frames = [f"{Path(f.filename).name}:{f.name}" for f in traceback.extract_stack()[:-1]
+                          if "memfit" in f.filename]
+                state["where"] = " < ".join(reversed(frames[-3:]))
+        else:
+            took = time.perf_counter() - state["t"]
+            stats[info["generation"]][0] += 1
+            stats[info["generation"]][1] += took
+            if info["generation"] == 2:
+                full.append({"seconds": round(took, 3), "where": state.get("where"), "freed": info["collected"]})
+
+    gc.callbacks.append(seen)
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.predict import estimate
+    from memfit.workload.loading import load_workload
+
+    t = time.perf_counter()
+    est = estimate(load_workload(spec), gpu=gpu_spec("h100"))
+    gc.callbacks.remove(seen)
+    return {"seconds": round(time.perf_counter() - t, 2), "fits_in_bytes": est.fits_in_bytes,
+            "collections": {str(g): {"count": n, "seconds": round(s, 3)} for g, (n, s) in stats.items()},
+            "full": full}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trees")
+    parser.add_argument("--specs")
+    parser.add_argument("--out")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(estimate_counting_collections(args.one)))
+        return
+    rows = []
+    for spec in args.specs.split(","):
+        for tree in args.trees.split(","):
+            paths = [str(Path(tree).resolve()), str(ROOT / "benchmarks"), *filter(None, [os.environ.get("PYTHONPATH")])]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "THP_MEM_ALLOC_ENABLE": "1"}
+            done = subprocess.run([sys.executable, __file__, "--one", spec], env=env, check=True,
+                                  capture_output=True, text=True)
+            row = {"spec": spec, "tree": tree, **json.loads(done.stdout.strip().splitlines()[-1])}
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("spec", "tree", "seconds", "collections")}), flush=True)
+    import torch
+
+    report = {"what": "memfit estimate (H100, in-process): the process's garbage collections, by generation",
+              "trees": args.trees.split(","), "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
