@@ -201,3 +201,29 @@ def test_reentrant_checkpointing_of_convolutions_widens_the_bound(conv: bool):
     if conv:
         assert reasons["reentrant_checkpoint"].widen == WIDTHS["reentrant_checkpoint"] > 0
         assert "0" in reasons["reentrant_checkpoint"].detail
+
+
+def test_the_replays_after_a_trace_keep_the_collector_off_old_objects(monkeypatch: pytest.MonkeyPatch):
+    """A full garbage collection walks every object in the process (torch, the model's libraries): 0.5 s at a time
+    on a 2-core CPU. The trace freezes what existed before it; the analysis and replays after it keep it frozen,
+    and give it back as they found it."""
+    import gc
+
+    from memfit.estimate import allocator, predict
+    from memfit.estimate.trace import trace_workload
+
+    w = builtin_workload("mlp").replace(batch_size=8)
+    trace = trace_workload(w, detect_gpu() or predict.gpu_spec(None))
+    seen: list[int] = []
+    real = predict.smallest_fitting_capacity
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(predict, "smallest_fitting_capacity", counting)
+    assert gc.get_freeze_count() == 0
+    est = estimate(w, gpu=detect_gpu() or predict.gpu_spec(None), reuse_trace=trace)
+    assert len(seen) == 1 and seen[0] > 0  # frozen while it replayed
+    assert gc.get_freeze_count() == 0  # and unfrozen after
+    assert est.fits_in_replay_bytes == max(allocator.smallest_fitting_capacity(trace.events()), est.peak_allocated_bytes)
