@@ -347,8 +347,8 @@ def _memory_models(search: Search) -> tuple[list[Structure], dict[Structure, Mem
 def _upper_phases(est: Estimate) -> tuple[float, float]:
     """``phase_peaks`` scaled to the estimate's upper bound (``fits_in_upper_bytes`` over the allocated peak): the
     memory line's points, each with its own estimate's widening, so the line meets both estimates it is drawn
-    through. Scaling both ends by the larger micro-batch's widening put GPT-2's line 0.5 GiB above its exact
-    estimate at micro-batch 1 and 2, and probing for that error cost a trace per structure."""
+    through. Scaling both ends by the larger micro-batch's widening put GPT-2's lines 0.5-1.1 GiB above the exact
+    estimates at micro-batch 2 (H200, 5.5 GiB), and probing for that error cost a trace per structure."""
     fb, other = phase_peaks(est)
     ratio = est.fits_in_upper_bytes / est.peak_allocated_bytes if est.peak_allocated_bytes else 1.0
     return fb * ratio, other * ratio

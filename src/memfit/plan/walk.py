@@ -19,7 +19,8 @@ from memfit.plan.search_state import Search, Structure, divisors, structure_of
 
 @dataclass
 class MemoryModel:
-    """``fits_in(b) ≈ ratio × max(fb_at_1 + fb_per_sample × (b - b_lo), other)`` for one structure."""
+    """``fits_in(b) ≈ ratio × max(fb_at_1 + fb_per_sample × (b - b_lo), other)`` for one structure. The search
+    draws it through points already scaled to each estimate's upper bound (``search._upper_phases``): ratio 1."""
 
     fb_intercept: float
     fb_slope: float
