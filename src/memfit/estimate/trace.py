@@ -222,6 +222,14 @@ def _trace_steps(workload: Workload, gpu: GpuSpec, steps: int, *, real: bool = F
     return run(steps=steps)
 
 
+INTERPRETER_FROZEN = gc.get_freeze_count()
+"""Objects already frozen when memfit is imported: CPython 3.12 starts with 375 (3.11 and 3.13 with none; checked
+with ``python -S``, so no site module froze them). Taking 0 as "the caller froze nothing" kept every trace on
+3.12 from freezing, and its full collections walked the whole process. ``OldObjectsFrozen`` unfreezes these with
+its own: freezing only keeps the collector from walking objects, and none of them is garbage. A set frozen before
+memfit's import on purpose (a pre-fork server that froze first) would be unfrozen too."""
+
+
 class OldObjectsFrozen:
     """Keeps Python's cyclic garbage collector off the objects that exist before the training steps.
 
@@ -240,8 +248,9 @@ class OldObjectsFrozen:
     """
 
     def __enter__(self) -> OldObjectsFrozen:
-        # a caller that freezes objects itself (a pre-fork server) keeps its frozen set: ours would unfreeze it
-        self._active = gc.get_freeze_count() == 0
+        # a caller that freezes objects itself (a pre-fork server) keeps its frozen set: ours would unfreeze it. What
+        # the interpreter froze before memfit was imported is not such a set (see INTERPRETER_FROZEN)
+        self._active = gc.get_freeze_count() <= INTERPRETER_FROZEN
         if self._active:
             gc.freeze()
         return self
