@@ -611,7 +611,7 @@ def _lane_setup(limit_mib: int):  # noqa: ANN202
     search.context_bytes = 0
     search.need_floor = lambda config, bound=True: 0  # type: ignore[method-assign]
     a, b = Structure("fp32"), Structure("fp32", checkpoint=("x",))
-    models = {a: MemoryModel(0, 100 * MiB, 0, 1.0, 0), b: MemoryModel(0, 50 * MiB, 0, 1.0, 0)}
+    models = {a: MemoryModel(0, 100 * MiB, 0, 0), b: MemoryModel(0, 50 * MiB, 0, 0)}
 
     def rung(structure: Structure, micro: int, mib: int) -> None:
         search.estimates[structure.config(micro, 64)] = SimpleNamespace(device_upper_bytes=mib * MiB)

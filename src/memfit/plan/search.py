@@ -318,7 +318,7 @@ def _memory_models(search: Search) -> tuple[list[Structure], dict[Structure, Mem
         fb_lo, other_lo = _upper_phases(lo)
         fb_mid, other_mid = _upper_phases(mid)
         span = max(b_mid - b_lo, 1)
-        models[base] = MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid), 1.0, b_lo)
+        models[base] = MemoryModel(fb_lo, (fb_mid - fb_lo) / span, max(other_lo, other_mid), b_lo)
         structures.append(base)
         choices = checkpoint_choices(mid.activations_by_module, facts.blocks)
         search.guess([dataclasses.replace(base, checkpoint=blocks, checkpoint_mode=mode).config(b_mid, eff)
@@ -339,7 +339,7 @@ def _memory_models(search: Search) -> tuple[list[Structure], dict[Structure, Mem
                 fb, other = _upper_phases(e)
                 # at b_lo: base's, less what checkpointing saves at b_mid scaled down to b_lo's samples
                 at_lo = min(fb_lo, max(fb_lo - (fb_mid - fb) * b_lo / b_mid, 0.0))
-                models[s] = MemoryModel(at_lo, (fb - at_lo) / span, other, 1.0, b_lo)
+                models[s] = MemoryModel(at_lo, (fb - at_lo) / span, other, b_lo)
                 structures.append(s)
     return structures, models
 

@@ -19,18 +19,17 @@ from memfit.plan.search_state import Search, Structure, divisors, structure_of
 
 @dataclass
 class MemoryModel:
-    """``fits_in(b) ≈ ratio × max(fb_at_1 + fb_per_sample × (b - b_lo), other)`` for one structure. The search
-    draws it through points already scaled to each estimate's upper bound (``search._upper_phases``): ratio 1."""
+    """``fits_in(b) ≈ max(fb_at_1 + fb_per_sample × (b - b_lo), other)`` for one structure, through points already
+    scaled to each estimate's upper bound (``search._upper_phases``)."""
 
     fb_intercept: float
     fb_slope: float
     other: float
-    ratio: float
     b_lo: int
 
     def fits_in(self, micro: int) -> int:
         fb = self.fb_intercept + self.fb_slope * (micro - self.b_lo)
-        return int(self.ratio * max(fb, self.other))
+        return int(max(fb, self.other))
 
 
 def score(search: Search, model: MemoryModel, config: Config) -> Candidate:
