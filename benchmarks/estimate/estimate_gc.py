@@ -13,49 +13,29 @@ process (torch, the model's libraries, the trace), so its cost is the heap's siz
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _gc_counts import Collections, machine  # noqa: E402
 
 
 def estimate_counting_collections(spec: str) -> dict:
-    stats = {g: [0, 0.0] for g in range(3)}
-    full: list[dict] = []
-    state: dict = {}
+    with Collections(where=True) as seen:  # from the imports on
+        from memfit.estimate.gpus import gpu_spec
+        from memfit.estimate.predict import estimate
+        from memfit.workload.loading import load_workload
 
-    def seen(phase: str, info: dict) -> None:
-        if phase == "start":
-            state["t"] = time.perf_counter()
-            if info["generation"] == 2:
-                frames = [f"{Path(f.filename).name}:{f.name}" for f in traceback.extract_stack()[:-1]
-                          if "memfit" in f.filename]
-                state["where"] = " < ".join(reversed(frames[-3:]))
-        else:
-            took = time.perf_counter() - state["t"]
-            stats[info["generation"]][0] += 1
-            stats[info["generation"]][1] += took
-            if info["generation"] == 2:
-                full.append({"seconds": round(took, 3), "where": state.get("where"), "freed": info["collected"]})
-
-    gc.callbacks.append(seen)
-    from memfit.estimate.gpus import gpu_spec
-    from memfit.estimate.predict import estimate
-    from memfit.workload.loading import load_workload
-
-    t = time.perf_counter()
-    est = estimate(load_workload(spec), gpu=gpu_spec("h100"))
-    gc.callbacks.remove(seen)
+        t = time.perf_counter()
+        est = estimate(load_workload(spec), gpu=gpu_spec("h100"))
     return {"seconds": round(time.perf_counter() - t, 2), "fits_in_bytes": est.fits_in_bytes,
-            "collections": {str(g): {"count": n, "seconds": round(s, 3)} for g, (n, s) in stats.items()},
-            "full": full}
+            "collections": seen.by_generation(), "full": seen.full}
 
 
 def main() -> None:
@@ -78,11 +58,8 @@ def main() -> None:
             row = {"spec": spec, "tree": tree, **json.loads(done.stdout.strip().splitlines()[-1])}
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("spec", "tree", "seconds", "collections")}), flush=True)
-    import torch
-
     report = {"what": "memfit estimate (H100, in-process): the process's garbage collections, by generation",
-              "trees": args.trees.split(","), "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
-              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+              "trees": args.trees.split(","), "rows": rows, **machine()}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
 

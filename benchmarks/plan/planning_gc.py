@@ -12,44 +12,32 @@ walks every object in the process: torch, the model's libraries and every trace 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from _gc_counts import Collections, machine  # noqa: E402
 
 
 def plan_counting_collections() -> dict:
-    stats = {g: [0, 0.0] for g in range(3)}
-    started: dict[str, float] = {}
-    me = os.getpid()
-
-    def seen(phase: str, info: dict) -> None:
-        if os.getpid() != me:
-            return
-        if phase == "start":
-            started["t"] = time.perf_counter()
-        else:
-            stats[info["generation"]][0] += 1
-            stats[info["generation"]][1] += time.perf_counter() - started["t"]
-
-    gc.callbacks.append(seen)
     sys.path.insert(0, str(HERE))
-    import sweep_device
+    with Collections() as seen:  # from the imports on; the lane's children are forks, not counted
+        import sweep_device
 
-    from memfit.estimate.gpus import gpu_spec
-    from memfit.plan.search import plan
+        from memfit.estimate.gpus import gpu_spec
+        from memfit.plan.search import plan
 
-    t = time.perf_counter()
-    p = plan(sweep_device._workload("gpt2"), budget_bytes=int(5.5 * 2**30), effective_batch=32,
-             gpu=gpu_spec("h200"), calibration="roofline")
+        t = time.perf_counter()
+        p = plan(sweep_device._workload("gpt2"), budget_bytes=int(5.5 * 2**30), effective_batch=32,
+                 gpu=gpu_spec("h200"), calibration="roofline")
     return {"seconds": round(time.perf_counter() - t, 2), "estimates": p.estimates, "chosen": p.chosen.config.label(),
-            "collections": {str(g): {"count": n, "seconds": round(s, 3)} for g, (n, s) in stats.items()}}
+            "collections": seen.by_generation()}
 
 
 def main() -> None:
@@ -71,11 +59,8 @@ def main() -> None:
             row = {"round": r, "tree": tree, **json.loads(done.stdout.strip().splitlines()[-1])}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    import torch
-
     report = {"what": "GPT-2 plan at 5.5 GiB (H200, roofline): the planning process's own garbage collections",
-              "trees": args.trees.split(","), "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
-              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+              "trees": args.trees.split(","), "rows": rows, **machine()}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
 
