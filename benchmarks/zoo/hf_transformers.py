@@ -211,3 +211,13 @@ hf_clip_small = Workload(
     loss=hf_loss, optimizer=_adamw(5e-4), batch_size=128, precision="bf16",
     tags=("transformers", "transformer", "vision", "contrastive"),
 )
+
+
+hf_hubert_ctc_no_layerdrop = Workload(
+    name="hf_hubert_ctc_no_layerdrop", description="the second fresh draw's HuBERT CTC (h2_hf_hubert_ctc) with "
+    "LayerDrop off: every layer runs in every step, as memfit's trace takes it; a diagnostic beside the draw's entry",
+    model=_hf("HubertForCTC", "HubertConfig", vocab_size=32, mask_time_prob=0.0, layerdrop=0.0),
+    batch=lambda n: {"input_values": torch.randn(n, 64000), "labels": torch.randint(1, 32, (n, 60))},
+    loss=hf_loss, optimizer=_adamw(1e-4), batch_size=8, precision="fp16",
+    tags=("transformers", "transformer", "speech", "ctc"),
+)
