@@ -122,8 +122,9 @@ def _loss_of_the_positive_outputs(out: torch.Tensor, batch: tuple[torch.Tensor])
 
 def test_sizes_from_the_models_values_come_from_one_real_forward(monkeypatch):  # noqa: ANN001
     torch.manual_seed(1)
+    # 8192 rows of 64 floats: 2 MiB at the most, over SMALL_MASK_BYTES, so not taken at its largest
     w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
-                 loss=_loss_of_the_positive_outputs, optimizer=_sgd, batch_size=512)
+                 loss=_loss_of_the_positive_outputs, optimizer=_sgd, batch_size=8192)
     attempts = []
     trace_steps = trace_module._trace_steps
 
@@ -137,7 +138,7 @@ def test_sizes_from_the_models_values_come_from_one_real_forward(monkeypatch):  
     assert attempts == [(False, False), (True, True)]
     assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
     rows = {a.shape[0] for a in trace.allocs if a.op == "index"}
-    assert len(rows) == 1 and 0.3 * 512 < rows.pop() < 0.7 * 512  # about half the outputs are positive
+    assert len(rows) == 1 and 0.3 * 8192 < rows.pop() < 0.7 * 8192  # about half the outputs are positive
 
 
 def test_the_real_forward_builds_the_same_model_whatever_random_state_the_caller_left():
@@ -273,14 +274,37 @@ def _scatter_positive_loss(out: torch.Tensor, batch: tuple[torch.Tensor]) -> tor
 
 def test_a_mask_sized_in_forward_sizes_its_index_in_backward():
     w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
-                 loss=_scatter_positive_loss, optimizer=_sgd, batch_size=256)
+                 loss=_scatter_positive_loss, optimizer=_sgd, batch_size=8192)  # over SMALL_MASK_BYTES at most
     trace = trace_workload(w, GPU)
     # one real forward was enough: backward's grad[mask] took the count the forward's out[mask] had
     assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
     forward = {a.shape for a in trace.allocs if a.op == "index" and a.phase == "loss"}
     backward = {a.shape for a in trace.allocs if a.op == "index" and a.phase == "backward"}
     assert len(forward) == 1 and forward == backward
-    assert 0.3 * 256 * 64 < next(iter(forward))[0] < 0.7 * 256 * 64  # about half the outputs are positive
+    assert 0.3 * 8192 * 64 < next(iter(forward))[0] < 0.7 * 8192 * 64  # about half the outputs are positive
+
+
+def test_a_small_mask_of_the_models_values_is_taken_at_its_largest_without_a_real_forward(monkeypatch):  # noqa: ANN001
+    # torchvision's GIoU loss (``_loss_inter_union``): ``inter[mask] = ...`` over a few hundred predicted boxes. At
+    # 256 x 64 floats the selection takes 64 KiB at the most: every element selected, in forward and backward alike
+    monkeypatch.setattr(trace_module, "_real_forward", _no_real_forward)
+    w = Workload(model=lambda: torch.nn.Linear(64, 64), batch=lambda n: (torch.randn(n, 64),),
+                 loss=_scatter_positive_loss, optimizer=_sgd, batch_size=256)
+    trace = trace_workload(w, GPU)
+    assert "taken at its largest" in trace.uncertain["data_dependent_shape"]
+    forward = {a.shape for a in trace.allocs if a.op == "index" and a.phase == "loss"}
+    backward = {a.shape for a in trace.allocs if a.op == "index" and a.phase == "backward"}
+    assert forward == backward == {(256 * 64,)}
+
+
+def test_a_small_mask_made_from_the_labels_keeps_its_real_count(monkeypatch):  # noqa: ANN001
+    # the batch's values decide this one exactly (and cheaply): it is not taken at its largest
+    monkeypatch.setattr(trace_module, "_real_forward", _no_real_forward)
+    w = Workload(model=lambda: torch.nn.Linear(64, 64),
+                 batch=lambda n: (torch.randn(n, 64), torch.arange(n) % 4 == 0),
+                 loss=lambda out, b: out[b[1]].square().mean(), optimizer=_sgd, batch_size=256)
+    trace = trace_workload(w, GPU)
+    assert {a.shape for a in trace.allocs if a.op == "index" and a.phase == "loss"} == {(64, 64)}
 
 
 def _numpy_picked_loss(out: torch.Tensor, batch: tuple[torch.Tensor]) -> torch.Tensor:

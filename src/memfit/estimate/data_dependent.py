@@ -112,6 +112,14 @@ class IndexBounds:
         return torch.empty(minlength, dtype=torch.int64, device=x.device)
 
 
+SMALL_MASK_BYTES = 1 << 20
+"""A boolean mask made from the model's values whose selection can take at most this many bytes is taken at its
+largest (every element selected) rather than sized by a real forward (``StepValues.sized_without_all_values``):
+the estimate can only come out this much over per op, two orders below the upper bound's base slack, where one real
+forward of a detector costs more than the rest of its estimate (torchvision's RetinaNet v2: a GIoU loss's mask over
+the matched anchors' predicted boxes, ``_loss_inter_union``, a few KiB, sent a 4 x 800^2 forward to the CPU)."""
+
+
 class MaskCounts:
     """How many elements boolean masks selected, learned where a value-dependent op they fed was sized.
 
@@ -158,6 +166,19 @@ class MaskCounts:
             return None
         x = args[0]
         return x.new_empty((*x.shape[:dim], count, *x.shape[dim + mask.dim():]))
+
+    def largest(self, name: str, args: Any, max_bytes: int) -> torch.Tensor | None:
+        """The output of ``x[mask]`` (``index``) with every element of the mask selected, where that output takes at
+        most ``max_bytes``; None otherwise. Runs under the fake mode."""
+        found = self._mask(name, args)
+        if found is None:
+            return None
+        dim, mask = found
+        x = args[0]
+        shape = (*x.shape[:dim], mask.numel(), *x.shape[dim + mask.dim():])
+        if math.prod(shape) * x.element_size() > max_bytes:
+            return None
+        return x.new_empty(shape)
 
 
 # -- 2. sizes from known values -----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from memfit import _torch_private as tp
 from memfit.estimate import values
 from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.data_dependent import (
+    SMALL_MASK_BYTES,
     IndexBounds,
     MaskCounts,
     ProductStandIns,
@@ -209,7 +210,14 @@ class StepValues:
             return out
         found = self.real_forward.lookup(call, name, args) if call is not None and self.real_forward else None
         if found is None:  # a mask sized in forward indexes again in backward (``x[mask] = v``)
-            return self.mask_counts.index(name, args)
+            counted = self.mask_counts.index(name, args)
+            if counted is None and self._recording.phase in ("forward", "loss") and self.reads_model(args[1:]):
+                counted = self.mask_counts.largest(name, args, SMALL_MASK_BYTES)
+                if counted is not None:
+                    self._recording.trace.uncertain.setdefault(
+                        "data_dependent_shape", f"{name} at {user_frame()}: a small mask of the model's values taken "
+                        "at its largest")
+            return counted
         outs: list[Any] = [None if t is None else fake_like(t) for t in found.outputs]
         for f, r in zip(outs, found.outputs):
             if f is not None and r is not None and r.device.type != "meta":
