@@ -114,10 +114,12 @@ class IndexBounds:
 
 SMALL_MASK_BYTES = 1 << 20
 """A boolean mask made from the model's values whose selection can take at most this many bytes is taken at its
-largest (every element selected) rather than sized by a real forward (``StepValues.sized_without_all_values``):
-the estimate can only come out this much over per op, two orders below the upper bound's base slack, where one real
-forward of a detector costs more than the rest of its estimate (torchvision's RetinaNet v2: a GIoU loss's mask over
-the matched anchors' predicted boxes, ``_loss_inter_union``, a few KiB, sent a 4 x 800^2 forward to the CPU)."""
+largest (every element selected) rather than sized by a real forward (``StepValues.sized_without_all_values``). The
+estimate can only come out over: by at most this much for the selection, and by what the step computes from it,
+which grows with it; one real forward of a detector costs more than the rest of its estimate (torchvision's
+RetinaNet v2: a GIoU loss's mask over the matched anchors' predicted boxes, ``_loss_inter_union``, a few KiB, sent a
+4 x 800^2 forward to the CPU; on ten detection and mask steps peaks and ``fits_in`` came out the same to the byte,
+benchmarks/results/estimate/estimate_time_small_masks_cpu_torch2.14_20261128_s24.md)."""
 
 
 class MaskCounts:
