@@ -647,3 +647,19 @@ def test_the_lane_guesses_another_structure_when_two_rungs_put_the_probe_over():
     # once B@16 is estimated (a miss), it is not guessed again: B@32's probe is B@32 itself
     rung(b, 16, 800)
     assert _next_probes(search, [best, *others], best, a.config(4, 64), models, set()) == [b.config(32, 64)]
+
+
+def test_the_lane_guesses_another_structure_when_the_line_puts_a_first_probe_over():
+    from memfit.plan.walk import _next_probes
+
+    # no exact rung below the probe: the memory line decides. A's line says 400 MiB at micro-batch 4
+    search, a, b, models, rung, candidate = _lane_setup(limit_mib=399)
+    best = candidate(a, 32, 1.0)
+    others = [candidate(b, 32, 2.0), candidate(b, 16, 3.0)]
+    guesses = _next_probes(search, [best, *others], best, a.config(4, 64), models, set())
+    # the walk will move on from A: the lane traces the probe that settles B@32 (B's line: over 399 MiB from 8 on)
+    assert guesses == [b.config(8, 64)]
+    # where the line puts the probe under the limit, A's larger micro-batches (over it) are guessed
+    search.limit_bytes = 400 << 20
+    assert _next_probes(search, [best, *others], best, a.config(4, 64), models, set()) == [a.config(8, 64),
+                                                                                            a.config(16, 64)]
