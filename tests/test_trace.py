@@ -659,6 +659,13 @@ def test_a_condition_on_a_random_draw_is_taken_as_skipping_nothing():
     taken, uncertain = _branch_taken(lambda x, h: not bool(torch.rand([]) < 0.9))
     assert taken == "wide"
     assert "random draw" in uncertain["value_branch"]
+    # said in a warning too, once, even where another condition named the bound's reason first (HuBERT's label check)
+    first_named = _linear_workload(model=lambda: _Branching(
+        lambda x, h: bool(x.abs().sum() > 0) and not bool(torch.rand([]) < 0.9)))
+    trace = trace_workload(first_named, GPU, steps=2)
+    assert "random draw" not in trace.uncertain["value_branch"]
+    assert [w for w in trace.warnings if "LayerDrop" in w and "skipping nothing" in w] != []
+    assert len([w for w in trace.warnings if "random draw" in w]) == 1
     taken, _ = _branch_taken(lambda x, h: not bool(torch.rand([], device=x.device) * 0 + h.abs().mean() < 1e9))
     assert taken == "wide"  # a draw mixed with the model's values is still a draw
 

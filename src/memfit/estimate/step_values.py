@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["NOT_KNOWN", "StepValues", "fake_like"]
 
+DRAW_WARNING = "a random draw of the step deciding a branch"
+"""How the warning about conditions on random draws (LayerDrop) begins: said once per trace."""
+
 NOT_KNOWN = object()
 """``StepValues.known_read``'s answer when the value read is not known before the op runs."""
 
@@ -149,9 +152,17 @@ class StepValues:
         if t.dtype == torch.bool and reads(self._drawn, [t]):
             # a fresh draw each step (LayerDrop's `torch.rand([]) < p`): no one run decides it. False is the draw at
             # which stochastic depth and LayerDrop skip nothing, their largest step
+            where = user_frame()
             recording.trace.uncertain.setdefault(
-                "value_branch", f"a condition on a random draw at {user_frame()} was taken as False (LayerDrop and "
+                "value_branch", f"a condition on a random draw at {where} was taken as False (LayerDrop and "
                 "stochastic depth then skip nothing)")
+            if not any(w.startswith(DRAW_WARNING) for w in recording.trace.warnings):
+                # said apart from the bound's reason, which an earlier condition may have named first (HuBERT's
+                # label check): a measured run whose draws skipped layers peaks lower, by the skipped layers' share
+                # (benchmarks/results/estimate/holdout2_misses_h200_torch2.11_20261128_s24.md: +10.7 % over three steps)
+                recording.trace.warnings.append(
+                    f"{DRAW_WARNING} at {where} was taken as skipping nothing: memfit predicts the step in which "
+                    "LayerDrop or stochastic depth drops no layer, the largest; steps that drop some need less.")
             return False
         recorded = self.real_forward.conditions if self.real_forward is not None else []
         if condition is not None and condition < len(recorded):
