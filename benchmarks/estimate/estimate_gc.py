@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _child import child_json  # noqa: E402
 from _gc_counts import Collections, machine  # noqa: E402
 
 
@@ -52,10 +52,8 @@ def main() -> None:
     for spec in args.specs.split(","):
         for tree in args.trees.split(","):
             paths = [str(Path(tree).resolve()), str(ROOT / "benchmarks"), *filter(None, [os.environ.get("PYTHONPATH")])]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "THP_MEM_ALLOC_ENABLE": "1"}
-            done = subprocess.run([sys.executable, __file__, "--one", spec], env=env, check=True,
-                                  capture_output=True, text=True)
-            row = {"spec": spec, "tree": tree, **json.loads(done.stdout.strip().splitlines()[-1])}
+            row = {"spec": spec, "tree": tree,
+                   **child_json(__file__, "--one", spec, paths=paths, env={"THP_MEM_ALLOC_ENABLE": "1"})}
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("spec", "tree", "seconds", "collections")}), flush=True)
     report = {"what": "memfit estimate (H100, in-process): the process's garbage collections, by generation",

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from _child import child_json  # noqa: E402
+
 CASES = {"gpt2@5.5": ("gpt2", 32, 5.5, "h200"), "resnet50@edge": ("resnet50", 64, 1.2, None),
          "vit_b16@edge": ("vit_b16", 64, 2.0, None)}
 
@@ -71,10 +74,8 @@ def main() -> None:
     rows = []
     for case in CASES:
         for tree in args.trees.split(","):
-            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            done = subprocess.run([sys.executable, __file__, "--trees", args.trees, "--out", "-", "--one", case],
-                                  env=env, check=True, capture_output=True, text=True)
-            rows.append({"tree": tree, **json.loads(done.stdout.strip().splitlines()[-1])})
+            rows.append({"tree": tree, **child_json(__file__, "--trees", args.trees, "--out", "-", "--one", case,
+                                                    paths=[str(Path(tree).resolve())])})
             print(rows[-1], flush=True)
     import torch
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from _child import child_json  # noqa: E402
 from _gc_counts import Collections, machine  # noqa: E402
 
 
@@ -53,10 +52,7 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         for tree in args.trees.split(","):
-            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            done = subprocess.run([sys.executable, __file__, "--one"], env=env, check=True, capture_output=True,
-                                  text=True)
-            row = {"round": r, "tree": tree, **json.loads(done.stdout.strip().splitlines()[-1])}
+            row = {"round": r, "tree": tree, **child_json(__file__, "--one", paths=[str(Path(tree).resolve())])}
             rows.append(row)
             print(json.dumps(row), flush=True)
     report = {"what": "GPT-2 plan at 5.5 GiB (H200, roofline): the planning process's own garbage collections",

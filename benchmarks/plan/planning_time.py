@@ -19,14 +19,15 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
 
+from _child import child_json  # noqa: E402
 
 EDGE = {"resnet50@edge": ("resnet50", 64, (1.2,)), "vit_b16@edge": ("vit_b16", 64, (2.0,))}
 """Budgets at the edge of what fits (the built-in workloads, H100 as ``memfit plan`` defaults): ResNet-50 where
@@ -69,12 +70,8 @@ def plans_here(name: str) -> list[dict]:
 
 def plans_in_child(name: str, src: Path, *, alone: bool = False) -> list[dict]:
     """``plans_here(name)`` in a fresh process that imports memfit from ``src``; ``alone``: without the lane."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    if alone:
-        env["MEMFIT_PLAN_PROCESSES"] = "1"
-    done = subprocess.run([sys.executable, __file__, "--out", "-", "--one", name], env=env, check=True,
-                          capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(__file__, "--out", "-", "--one", name, paths=[str(src)],
+                      env={"MEMFIT_PLAN_PROCESSES": "1"} if alone else None)
 
 
 def compare_trees(trees: list[str], names: list[str], rounds: int) -> dict:
