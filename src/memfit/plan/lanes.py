@@ -12,8 +12,8 @@ they are, and traces with the same code; the ``Trace`` comes back pickled throug
 (about 1 MB for GPT-2: 35-60 ms to load, see ``_unpickle``). A trace is deterministic (a seeded batch, no wall
 clock), so the plan is the same with and without the lane (``tests/test_plan_lanes.py``). What the child logged
 (memfit's records, Python warnings) is kept with the trace and given to this process's logging and warnings only
-when the trace is used, so a guess that is thrown away says nothing. A child that fails for any reason hands back nothing, and the trace is made
-here, where its error is the user's to see.
+when the trace is used, so a guess that is thrown away says nothing. A child that fails for any reason hands back
+nothing, and the trace is made here, where its error is the user's to see.
 
 Used only where a fork is safe and pays: POSIX, two or more CPUs for this process, no other Python thread (a
 fork copies no other thread, so a lock another thread held would stay locked in the child: a planner called from
