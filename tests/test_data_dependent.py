@@ -219,6 +219,30 @@ def test_the_real_forward_stands_in_for_large_products_with_noise_of_their_scale
     assert not torch.allclose(stood, real, atol=0.1 * float(real.std()))  # not computed: noise
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 40, 40), (2, 3, 64, 64), (1000, 5)])
+def test_a_stand_in_larger_than_half_the_noise_pool_keeps_each_channels_mean_and_scale(monkeypatch, shape):  # noqa: ANN001
+    from memfit.estimate import data_dependent
+
+    # half the pool is 2048 values: channel planes of 1600 (one a block), of 4096 (two blocks each), rows of 5 (409 a block)
+    monkeypatch.setattr(data_dependent, "NOISE_POOL_NUMEL", 1 << 12)
+    torch.manual_seed(0)
+    channels = shape[1]
+    mean, scale = torch.arange(channels, dtype=torch.float32) * 10, torch.arange(1, channels + 1, dtype=torch.float32)
+    out = data_dependent.ProductStandIns()._normal(shape, torch.float32, mean, scale)
+    per_channel = out.transpose(0, 1).reshape(channels, -1)
+    samples = per_channel.shape[1]
+    assert torch.allclose(per_channel.mean(1), mean, atol=float(5 * scale.max()) / samples**0.5)
+    assert torch.allclose(per_channel.std(1), scale, rtol=0.1)
+    # each block reads its own window of the pool, not one window repeated
+    if len(shape) > 2:  # the same channel's planes of two samples
+        standard = ((out - mean.view(-1, 1, 1)) / scale.view(-1, 1, 1)).flatten(2)
+        first, second = standard[0], standard[1]
+    else:  # two blocks of 2048 // 5 rows
+        standard = (out - mean) / scale
+        first, second = standard[:409], standard[409:818]
+    assert not torch.allclose(first, second, atol=0.1)
+
+
 def test_small_products_and_eval_batch_norms_compute():
     from memfit.estimate.data_dependent import ProductStandIns
 

@@ -299,6 +299,12 @@ image) are stood in for in the real forward; smaller ones (a detector's box code
 STAND_IN_NUMEL = 1 << 20
 """Batch norms of at least this many elements are stood in for in the real forward; smaller ones compute."""
 
+NOISE_POOL_NUMEL = 1 << 23
+"""Standard normal values drawn once per real forward (32 MiB), from which every stand-in reads its noise in windows
+of at most half of it. Windows at random places overlap, so two blocks may share values, shifted; what the boxes
+depend on is the noise's scale. Drawing each stand-in's noise afresh cost Faster R-CNN's estimate about a second on
+the 2-core VM (benchmarks/results/estimate/estimate_time_noise_pool_cpu_torch2.14_20261128_s25.md)."""
+
 _STOOD_IN = frozenset({"convolution", "mm", "addmm", "bmm", "native_batch_norm"})
 
 
@@ -333,8 +339,6 @@ class ProductStandIns:
             # each output element sums over a filter's weights (transposed: each input element scatters over them)
             macs = (x.numel() if transposed else math.prod(shape)) * (w.numel() // max(w.shape[0], 1))
             alpha, beta = 1.0, 1.0
-            if bias is not None:
-                bias = bias.view(-1, *([1] * (len(shape) - 2)))
         else:
             if name == "addmm":  # (bias, a, b, *, beta=1, alpha=1)
                 bias, x, w = args[0], args[1], args[2]
@@ -347,10 +351,8 @@ class ProductStandIns:
             return None
         with tp.no_dispatch_modes():
             std = alpha * math.sqrt(macs / math.prod(shape) * _mean_square(w) * _mean_square(x))
-            noise = self._draw(math.prod(shape)).view(shape)
-            if bias is None:
-                return torch.mul(noise, std).to(x.dtype)
-            return torch.add(bias.float() * beta, noise, alpha=std).to(x.dtype)
+            mean = torch.zeros(()) if bias is None else bias.float() * beta
+            return self._normal(shape, x.dtype, mean, torch.tensor(std))
 
     def _batch_norm(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         # (input, weight, bias, running_mean, running_var, training, momentum, eps) -> (out, save_mean, save_invstd)
@@ -358,11 +360,9 @@ class ProductStandIns:
         if not training or x.numel() < STAND_IN_NUMEL or x.dim() < 2 or not x.is_floating_point():
             return None
         with tp.no_dispatch_modes():
-            per_channel = (-1, *([1] * (x.dim() - 2)))
-            noise = self._draw(x.numel()).view(x.shape)
-            gamma = (torch.ones(x.shape[1]) if weight is None else weight.float()).view(per_channel)
-            beta = (torch.zeros(x.shape[1]) if bias is None else bias.float()).view(per_channel)
-            out = torch.addcmul(beta, noise, gamma).to(x.dtype)
+            gamma = torch.ones(x.shape[1]) if weight is None else weight.float()
+            beta = torch.zeros(x.shape[1]) if bias is None else bias.float()
+            out = self._normal(tuple(x.shape), x.dtype, beta, gamma)
             stats = torch.zeros(x.shape[1], dtype=torch.float32)
             return out, stats, stats.clone()
 
@@ -378,13 +378,35 @@ class ProductStandIns:
         with tp.no_dispatch_modes():
             return tuple(func(*meta(args), **{k: meta(v) for k, v in kwargs.items()}).shape)
 
-    def _draw(self, n: int) -> torch.Tensor:
-        """``n`` standard normal values: a window at a random place of one pool drawn once (twice the largest
-        request), so that each stand-in costs one pass over its output, not a random-number generator's too."""
-        if self._noise.numel() < n:
-            self._noise = torch.randn(2 * n)
-        start = int(torch.randint(0, self._noise.numel() - n + 1, ()))
-        return self._noise[start : start + n]
+    def _normal(self, shape: tuple[int, ...], dtype: torch.dtype, mean: torch.Tensor,
+                scale: torch.Tensor) -> torch.Tensor:
+        """A fresh tensor of ``mean + scale ×`` standard normal noise; ``mean`` and ``scale`` are scalars or one value
+        per channel (dimension 1). The noise is read from one pool of ``NOISE_POOL_NUMEL`` values drawn once, a
+        window at a random place for each block of at most half the pool: one pass over the output, and no
+        random-number generator's pass over it (``torch.randn`` of 82 M values took 1.3 s on the 2-core VM; the
+        arithmetic of a 41 M-value stand-in, about 0.03 s)."""
+        if self._noise.numel() == 0:
+            self._noise = torch.randn(NOISE_POOL_NUMEL)
+        out = torch.empty(shape, dtype=dtype)
+        if len(shape) >= 3:  # (N, C, ...): one row per channel plane, its mean and scale in a column
+            rows = out.view(shape[0] * shape[1], -1)
+            mean, scale = (v.repeat(shape[0]).unsqueeze(1) if v.dim() else v for v in (mean, scale))
+            per_column = False
+        else:  # (N, C): a row per sample, the channels along it
+            rows = out.view(-1, shape[-1])
+            per_column = True
+        half = NOISE_POOL_NUMEL // 2
+        width = min(rows.shape[1], half)
+        height = max(1, half // width)
+        for r in range(0, rows.shape[0], height):
+            for c in range(0, rows.shape[1], width):
+                block = rows[r : r + height, c : c + width]
+                m, s = ((v[c : c + width] if per_column else v[r : r + height]) if v.dim() else v
+                        for v in (mean, scale))
+                start = int(torch.randint(0, self._noise.numel() - block.numel() + 1, ()))
+                window = self._noise[start : start + block.numel()].view(block.shape)
+                torch.addcmul(m, window, s, out=block)
+        return out
 
 
 def _mean_square(t: torch.Tensor) -> float:
