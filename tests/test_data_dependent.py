@@ -188,7 +188,10 @@ def _stand_in_and_real(func, args):  # noqa: ANN001, ANN202
     from memfit.estimate.data_dependent import ProductStandIns
 
     name = func.__name__.split(".")[0]
-    return ProductStandIns()(func, name, args, {}), func(*args)
+    stand_ins = ProductStandIns()
+    stood = stand_ins(func, name, args, {})
+    assert stand_ins(torch.ops.aten.clone.default, "clone", (stood,), {}) is None  # an op that reads it writes it
+    return stood, func(*args)
 
 
 @pytest.mark.parametrize("case", ["addmm", "mm", "convolution", "batch_norm"])
@@ -228,7 +231,9 @@ def test_a_stand_in_larger_than_half_the_noise_pool_keeps_each_channels_mean_and
     torch.manual_seed(0)
     channels = shape[1]
     mean, scale = torch.arange(channels, dtype=torch.float32) * 10, torch.arange(1, channels + 1, dtype=torch.float32)
-    out = data_dependent.ProductStandIns()._normal(shape, torch.float32, mean, scale)
+    stand_ins = data_dependent.ProductStandIns()
+    out = stand_ins._normal(shape, torch.float32, mean, scale)
+    stand_ins.fill(out)
     per_channel = out.transpose(0, 1).reshape(channels, -1)
     samples = per_channel.shape[1]
     assert torch.allclose(per_channel.mean(1), mean, atol=float(5 * scale.max()) / samples**0.5)
@@ -241,6 +246,35 @@ def test_a_stand_in_larger_than_half_the_noise_pool_keeps_each_channels_mean_and
         standard = (out - mean) / scale
         first, second = standard[:409], standard[409:818]
     assert not torch.allclose(first, second, atol=0.1)
+
+
+def _conv_args(x, w):  # noqa: ANN001, ANN202
+    return (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+
+
+def test_a_stand_in_output_is_written_when_an_op_reads_it_and_a_stand_in_takes_its_scale_unwritten():
+    from memfit.estimate.data_dependent import ProductStandIns
+
+    torch.manual_seed(0)
+    conv = torch.ops.aten.convolution.default
+    x, w1, w2 = torch.relu(torch.randn(4, 64, 64, 64)), torch.randn(128, 64, 3, 3) * 0.05, torch.randn(64, 128, 3, 3)
+    # two products in a row: the second reads the first's scale from the noise it stands for, unwritten, or written
+    deferred, written = ProductStandIns(), ProductStandIns()
+    second_deferred = deferred(conv, "convolution", _conv_args(deferred(conv, "convolution", _conv_args(x, w1), {}),
+                                                                 w2), {})
+    first_written = written(conv, "convolution", _conv_args(x, w1), {})
+    written.fill(first_written)
+    second_written = written(conv, "convolution", _conv_args(first_written, w2), {})
+    deferred.fill(second_deferred)
+    written.fill(second_written)
+    assert float(second_deferred.std()) == pytest.approx(float(second_written.std()), rel=0.02)
+
+    # an op that computes (a relu) reads a stand-in's output: written first, noise of the product's scale, not the
+    # empty tensor's zeros or old memory
+    stand_ins = ProductStandIns()
+    first = stand_ins(conv, "convolution", _conv_args(x, w1), {})
+    assert stand_ins(torch.ops.aten.relu.default, "relu", (first,), {}) is None
+    assert float(first.std()) == pytest.approx(float(conv(*_conv_args(x, w1)).std()), rel=0.1)
 
 
 def test_small_products_and_eval_batch_norms_compute():

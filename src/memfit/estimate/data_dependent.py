@@ -325,11 +325,42 @@ class ProductStandIns:
 
     def __init__(self) -> None:
         self._noise = torch.empty(0)
+        self._pending: Any = tp.WeakIdKeyDictionary()
+        """Stand-in outputs not written yet, by storage: ``(shape, mean, scale)`` of the noise they stand for."""
 
     def __call__(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
-        """The stand-in output of ``func``, or None when it is not a large product (it computes then)."""
-        if name not in _STOOD_IN:
-            return None
+        """The stand-in output of ``func``, or None when it is not a large product (it computes then).
+
+        A stand-in's output is written only when something reads its values: a convolution's, which a training
+        batch norm replaces by noise of its own without reading it (a ResNet's every convolution), never is —
+        half of what Faster R-CNN's stand-ins wrote. Every op the real forward runs comes here first and writes
+        the pending outputs it reads; a stand-in reads only its input's mean square, which the pending noise
+        gives without writing it. ``.numpy()`` runs an op (a ``detach``); ``.tolist()``, which runs none, writes
+        them through ``trace.HostCopies`` (``fill``)."""
+        out = self._stand_in(func, name, args, kwargs) if name in _STOOD_IN else None
+        if out is None and self._pending:
+            self.fill(args, kwargs)
+        return out
+
+    def fill(self, *tensors: Any) -> None:
+        """Write the pending stand-in outputs among ``tensors`` (nested in lists, tuples and dicts)."""
+        for t in _flat_tensors(tensors):
+            pending = self._pending.pop(t.untyped_storage(), None)
+            if pending is not None:
+                shape, mean, scale = pending
+                with tp.no_dispatch_modes():
+                    base = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, shape, _contiguous(shape))
+                    self._write_normal(base, mean, scale)
+
+    def _mean_square(self, t: torch.Tensor) -> float:
+        pending = self._pending.get(t.untyped_storage())
+        if pending is None:
+            return _mean_square(t)
+        _, mean, scale = pending  # each channel alike in size: the mean over channels of mean² + scale²
+        return float((mean.square().mean() if mean.dim() else mean.square()) +
+                     (scale.square().mean() if scale.dim() else scale.square()))
+
+    def _stand_in(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
         if name == "native_batch_norm":
             return self._batch_norm(func, args, kwargs)
         if name == "convolution":
@@ -349,8 +380,10 @@ class ProductStandIns:
             macs = math.prod(shape) * x.shape[-1]
         if macs < STAND_IN_MACS or not x.is_floating_point():
             return None
+        if bias is not None:
+            self.fill(bias)
         with tp.no_dispatch_modes():
-            std = alpha * math.sqrt(macs / math.prod(shape) * _mean_square(w) * _mean_square(x))
+            std = alpha * math.sqrt(macs / math.prod(shape) * self._mean_square(w) * self._mean_square(x))
             mean = torch.zeros(()) if bias is None else bias.float() * beta
             return self._normal(shape, x.dtype, mean, torch.tensor(std))
 
@@ -359,6 +392,7 @@ class ProductStandIns:
         x, weight, bias, training = args[0], args[1], args[2], args[5]
         if not training or x.numel() < STAND_IN_NUMEL or x.dim() < 2 or not x.is_floating_point():
             return None
+        self.fill(weight, bias)
         with tp.no_dispatch_modes():
             gamma = torch.ones(x.shape[1]) if weight is None else weight.float()
             beta = torch.zeros(x.shape[1]) if bias is None else bias.float()
@@ -380,14 +414,20 @@ class ProductStandIns:
 
     def _normal(self, shape: tuple[int, ...], dtype: torch.dtype, mean: torch.Tensor,
                 scale: torch.Tensor) -> torch.Tensor:
-        """A fresh tensor of ``mean + scale ×`` standard normal noise; ``mean`` and ``scale`` are scalars or one value
-        per channel (dimension 1). The noise is read from one pool of ``NOISE_POOL_NUMEL`` values drawn once, a
-        window at a random place for each block of at most half the pool: one pass over the output, and no
-        random-number generator's pass over it (``torch.randn`` of 82 M values took 1.3 s on the 2-core VM; the
-        arithmetic of a 41 M-value stand-in, about 0.03 s)."""
+        """A fresh tensor that stands for ``mean + scale ×`` standard normal noise, ``mean`` and ``scale`` scalars or
+        one value per channel (dimension 1); written when an op reads it (``fill``)."""
+        out = torch.empty(shape, dtype=dtype)
+        self._pending[out.untyped_storage()] = (shape, mean, scale)
+        return out
+
+    def _write_normal(self, out: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor) -> None:
+        """Write ``mean + scale ×`` standard normal noise into ``out`` (contiguous). The noise is read from one pool
+        of ``NOISE_POOL_NUMEL`` values drawn once, a window at a random place for each block of at most half the
+        pool: one pass over the output, and no random-number generator's pass over it (``torch.randn`` of 82 M
+        values took 1.3 s on the 2-core VM; the arithmetic of a 41 M-value stand-in, about 0.03 s)."""
         if self._noise.numel() == 0:
             self._noise = torch.randn(NOISE_POOL_NUMEL)
-        out = torch.empty(shape, dtype=dtype)
+        shape = tuple(out.shape)
         if len(shape) >= 3:  # (N, C, ...): one row per channel plane, its mean and scale in a column
             rows = out.view(shape[0] * shape[1], -1)
             mean, scale = (v.repeat(shape[0]).unsqueeze(1) if v.dim() else v for v in (mean, scale))
@@ -406,7 +446,21 @@ class ProductStandIns:
                 start = int(torch.randint(0, self._noise.numel() - block.numel() + 1, ()))
                 window = self._noise[start : start + block.numel()].view(block.shape)
                 torch.addcmul(m, window, s, out=block)
-        return out
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+
+
+def _flat_tensors(items: Any) -> list[torch.Tensor]:
+    if isinstance(items, torch.Tensor):
+        return [items]
+    if isinstance(items, dict):
+        items = list(items.values())
+    if isinstance(items, (list, tuple)):
+        return [t for item in items for t in _flat_tensors(item)]
+    return []
 
 
 def _mean_square(t: torch.Tensor) -> float:

@@ -62,6 +62,7 @@ HOST_COPY = "a copy to host memory (.numpy())"
 
 
 _TORCH_NUMPY = torch.Tensor.numpy  # torch's own, taken at import (HostCopies replaces it for a while)
+_TORCH_TOLIST = torch.Tensor.tolist
 
 
 class HostCopies:
@@ -74,7 +75,8 @@ class HostCopies:
     (``ValuesNeededToTrace``). The real forward keeps what each copy gave (``RealForward.host_copies``).
 
     Inside, ``torch.Tensor.numpy`` is this object's ``numpy`` for the thread that entered (other threads get
-    torch's). It was a ``TorchFunctionMode``, which runs Python for every torch call of the step, ``.shape``
+    torch's), and ``tolist``, which reads values without an op, writes the real forward's pending stand-in outputs
+    first (``ProductStandIns.fill``; ``.numpy()`` runs a ``detach``, which does). It was a ``TorchFunctionMode``, which runs Python for every torch call of the step, ``.shape``
     included: 15 % of timm MaxViT-T's estimate on a 2-core CPU (14.1 s against 11.9;
     ``benchmarks/results/estimate/estimate_time_hostcopies_cpu_torch2.14_20261128.md``).
     """
@@ -82,23 +84,34 @@ class HostCopies:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self._thread = threading.get_ident()
-        self._own: Any = None  # what torch.Tensor's own dict held under "numpy" (None: inherited)
+        self._own: dict[str, Any] = {}  # what torch.Tensor's own dict held under each name (None: inherited)
 
     def __enter__(self) -> HostCopies:
-        self._own = torch.Tensor.__dict__.get("numpy")
         host_copies = self
 
         def numpy(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             return host_copies.numpy(t, *args, **kwargs)
 
-        torch.Tensor.numpy = numpy  # type: ignore[method-assign,assignment]
+        def tolist(t: torch.Tensor) -> Any:
+            return host_copies.tolist(t)
+
+        for name, method in (("numpy", numpy), ("tolist", tolist)):
+            self._own[name] = torch.Tensor.__dict__.get(name)
+            setattr(torch.Tensor, name, method)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._own is None:
-            del torch.Tensor.numpy
-        else:
-            torch.Tensor.numpy = self._own  # type: ignore[method-assign]
+        for name, own in self._own.items():
+            if own is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, own)
+
+    def tolist(self, t: torch.Tensor) -> Any:
+        stand_ins = self.recorder.step_values.stand_ins
+        if stand_ins is not None and threading.get_ident() == self._thread:
+            stand_ins.fill(t)
+        return _TORCH_TOLIST(t)
 
     def numpy(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         r = self.recorder
