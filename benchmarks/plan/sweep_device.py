@@ -369,6 +369,40 @@ def retime_stage(args: argparse.Namespace) -> None:
              "repeats": args.repeats, "budgets": budgets}, indent=1))
 
 
+def control_stage(args: argparse.Namespace) -> None:
+    """The plan of a ``calibrated`` run, its fastest contender and a second copy of the plan, built separately
+    (an A/A control), timed in the same interleaved rounds: how far apart two copies of one configuration time on
+    this harness, beside how far the plan and the contender do (GPU)."""
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.cuda.init()
+    judged = json.loads(Path(args.judged).read_text())
+    name = judged["workload"]
+    w = _workload(name)
+    budgets = []
+    for b in judged["budgets"]:
+        if args.budgets and b["budget_bytes"] / 2**30 not in {float(x) for x in args.budgets.split(",")}:
+            continue
+        plan, *others = b["contenders"]
+        fastest = min(others, key=lambda c: c["median_step_s"])
+        configs = [plan["config"], fastest["config"], plan["config"]]
+        repeats, medians, _, _ = _repeated(w, configs, args.rounds, args.repeats)
+        row = {"budget_bytes": b["budget_bytes"], "plan": plan["config"], "contender": fastest["config"],
+               "step_s": repeats, "median_step_s": medians,
+               "contender_over_plan": [r[1] / r[0] for r in repeats],
+               "copy_over_plan": [r[2] / r[0] for r in repeats]}
+        budgets.append(row)
+        print(f"{name} {b['budget_bytes'] / 2**30:.2f} GiB, {args.repeats} repeats x {args.rounds} rounds: contender / "
+              f"plan {', '.join(f'{x:.3f}' for x in row['contender_over_plan'])}; the plan's copy / the plan "
+              f"{', '.join(f'{x:.3f}' for x in row['copy_over_plan'])}", flush=True)
+    (out / f"plan_control_{name}.json").write_text(json.dumps(
+        {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+         "date": dt.date.today().isoformat(), "judged": str(args.judged), "rounds": args.rounds,
+         "repeats": args.repeats, "budgets": budgets}, indent=1))
+
+
 def calibrated_stage(args: argparse.Namespace) -> None:
     """The plans a GPU user gets by default, judged on the GPU (``plan(calibration="auto")``: this card timed).
 
@@ -573,6 +607,14 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=60)
     r.add_argument("--repeats", type=int, default=3)
     r.set_defaults(func=retime_stage)
+    k = sub.add_parser("control", help="on the GPU: a calibrated run's plan, its fastest contender and a second "
+                                       "copy of the plan timed together (an A/A control of the harness's noise)")
+    k.add_argument("--out", required=True)
+    k.add_argument("--judged", required=True, help="a calibrated stage's plan_calibrated_<workload>.json")
+    k.add_argument("--budgets", help="comma-separated GiB: only these budgets")
+    k.add_argument("--rounds", type=int, default=60)
+    k.add_argument("--repeats", type=int, default=3)
+    k.set_defaults(func=control_stage)
     c = sub.add_parser("calibrated", help="on the GPU: plans made with the default (calibrated) speed model, "
                                           "run under their caps and timed against a sweep's finalists")
     c.add_argument("--out", required=True)
