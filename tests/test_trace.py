@@ -1,5 +1,6 @@
 """The tracer on models whose memory can be worked out by hand."""
 
+import functools
 import gc
 from collections.abc import Callable
 from typing import Any
@@ -675,6 +676,88 @@ def test_a_condition_on_dropped_out_activations_is_on_the_models_values():
     # went through dropout. The real forward decides it, not the rule for draws (False would raise there)
     taken, uncertain = _branch_taken(lambda x, h: torch.nn.functional.dropout(h, 0.1).abs().mean() > 0)
     assert taken == "wide" and "random draw" not in uncertain["value_branch"]
+
+
+def test_a_condition_on_noise_over_the_models_values_is_on_the_models_values():
+    # RT-DETR jitters its denoising queries' boxes with noise of their size and checks every predicted box with
+    # `.all()`: many elements drawn, not LayerDrop's one. The real forward decides it (False raised there)
+    taken, uncertain = _branch_taken(lambda x, h: bool((h.sigmoid() + 0.01 * torch.rand_like(h) >= 0).all()))
+    assert taken == "wide" and "random draw" not in uncertain["value_branch"]
+
+
+class _ConvertsInForward(torch.nn.Module):
+    """Casts a layer to its own dtype in forward, as Switch Transformers' router does (``self.classifier.to(...)``)."""
+
+    def __init__(self, convert: bool) -> None:
+        super().__init__()
+        self.first, self.last = torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)
+        self.convert = convert
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.convert:
+            self.last = self.last.to(torch.float32)
+        return self.last(self.first(x))
+
+
+def test_a_module_converted_in_forward_traces_as_on_cuda():
+    # torch swaps a fake parameter for its converted copy, which fails once the fake mode holds a weak reference
+    # to it; on CUDA the parameter keeps its identity (and memfit's hooks on it)
+    plain, converting = (trace_workload(_linear_workload(model=lambda c=c: _ConvertsInForward(c)), GPU, steps=2)
+                         for c in (False, True))
+    def allocations(trace):  # noqa: ANN001, ANN202
+        return sorted((a.phase, a.category, a.nbytes) for a in trace.allocs)
+
+    assert allocations(converting) == allocations(plain)
+    assert sum(a.nbytes for a in converting.allocs if a.category == "grads") == 2 * 2 * (1024 * 1024 + 1024) * 4
+
+
+class _CachesByShape(torch.nn.Module):
+    """Caches a tensor per shape in a method cache shared by every instance, as Hugging Face's RT-DETR caches its
+    position embeddings (``compile_compatible_method_lru_cache``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(1024, 1024)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4)
+    def table(rows: int, cols: int) -> torch.Tensor:
+        return torch.ones(rows, cols)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.table(*x.shape)
+
+
+def test_a_method_cache_does_not_keep_what_a_trace_computed():
+    # a fake tensor the trace cached would come back to the next trace (the real forward) and to the caller's run
+    trace_workload(_linear_workload(model=_CachesByShape), GPU, steps=2)
+    assert _CachesByShape.table.cache_info().currsize == 0
+    assert type(_CachesByShape.table(256, 1024)) is torch.Tensor
+
+
+class _Routed(torch.nn.Module):
+    """Picks an expert by a number its router computes and names it in an f-string, as Switch Transformers does
+    (``self[f"expert_{index}"]``); the router always picks expert 2 (its bias). A
+    mask of the model's values (``nonzero``) sends the step to a real forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(1024, 4)
+        self.experts = torch.nn.ModuleDict({f"expert_{i}": torch.nn.Linear(1024, 256 * (i + 1)) for i in range(4)})
+        with torch.no_grad():  # its weights random (no value known to the trace), its bias far larger
+            self.router.bias.copy_(torch.tensor([0.0, 0.0, 100.0, 0.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kept = x[(self.router(x)[:, 2] > 0).nonzero().squeeze(1)]
+        index = self.router(kept).mean(0).argmax()
+        return self.experts[f"expert_{index}"](kept)
+
+
+def test_a_number_read_from_the_models_values_is_what_the_real_forward_read_there():
+    trace = trace_workload(_linear_workload(model=_Routed), GPU, steps=2)
+    grads = [a.nbytes for a in trace.allocs if a.category == "grads" and a.step == 0]
+    assert 1024 * 768 * 4 in grads and 1024 * 256 * 4 not in grads  # expert 2's weight's, not expert 0's
+    assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
 
 
 class _MultiScale(torch.nn.Module):

@@ -472,6 +472,7 @@ class CudaSemantics:
         self._override = tp.override_library("aten")
         self._saved_clear: Callable[[], None] | None = None
         self._saved_flatten: Callable[[torch.nn.RNNBase], None] | None = None
+        self._saved_swap: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
     def __enter__(self) -> CudaSemantics:
         lib = self._override.__enter__()
@@ -507,6 +508,9 @@ class CudaSemantics:
             saved()
 
         torch.clear_autocast_cache = clear_autocast_cache
+        # Module.to() / .float() in the step (Switch Transformers' router casts its classifier in forward)
+        self._saved_swap = torch.utils.swap_tensors
+        torch.utils.swap_tensors = _swap_as_on_cuda(self._saved_swap)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -516,12 +520,34 @@ class CudaSemantics:
         if self._saved_clear is not None:
             torch.clear_autocast_cache = self._saved_clear
             self._saved_clear = None
+        if self._saved_swap is not None:
+            torch.utils.swap_tensors = self._saved_swap
+            self._saved_swap = None
         self.cache.clear()
         self._override.__exit__(*exc)
 
 
 def _flatten_parameters(module: torch.nn.RNNBase) -> None:
     flatten_weights(module)
+
+
+def _swap_as_on_cuda(swap: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``torch.utils.swap_tensors`` as ``Module._apply`` (``.to()``, ``.float()``, ``.half()``) needs it for fake
+    parameters: torch swaps a fake parameter with its converted copy, which fails once anything holds a weak
+    reference to it (the fake mode does) and would leave the hooks memfit put on it behind. On CUDA tensors
+    ``_apply`` keeps the parameter and gives it the converted data (``param.data = converted``): the same here, and
+    a conversion that changed nothing (a copy of the same storage, dtype and layout) changes nothing."""
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if not (isinstance(t1, tp.FakeTensor) and isinstance(t2, tp.FakeTensor)):
+            return swap(t1, t2)
+        if (t1.untyped_storage() is t2.untyped_storage() and t1.dtype == t2.dtype and t1.shape == t2.shape
+                and t1.stride() == t2.stride() and t1.storage_offset() == t2.storage_offset()):
+            return None
+        t1.data = t2.detach()
+        return None
+
+    return swap_tensors
 
 
 def _banned_bce(*args: Any, **kwargs: Any) -> Any:

@@ -267,6 +267,9 @@ class RealForward:
     host_copies: list[Any] = field(default_factory=list)
     """What ``.numpy()`` gave in forward and loss, in call order: DETR's matcher hands its cost matrix to SciPy's
     ``linear_sum_assignment``; the matches it returns index the predictions."""
+    reads: dict[tuple[str, int], Any] = field(default_factory=dict)
+    """What each number read (``.item()`` of a non-bool tensor) in forward and loss got, by place and how many reads
+    there came before it (``StepValues.number``)."""
     conditions: list[bool] = field(default_factory=list)
     """Kept apart from ``returned``: a module that reads floats once and caches them (torchvision's
     MultiScaleRoIAlign, its scales in the first forward) would shift every later op's index in the next step."""

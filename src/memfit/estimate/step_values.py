@@ -12,6 +12,7 @@ from a request to trace again with values (``ValuesNeededToTrace``) or a read ta
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any, Protocol
 
 import torch
@@ -89,12 +90,19 @@ class StepValues:
         self._dynamic_calls = 0  # value-dependent ops so far in this forward and loss (RealForward's order)
         self._conditions = 0  # bool() reads so far in this forward and loss (RealForward.conditions' order)
         self.host_copies = 0  # .numpy() calls so far in this forward and loss (RealForward.host_copies' order)
+        self._read_sites: Counter[str] = Counter()  # number reads so far at each place in this forward and loss
+        self._read_key: tuple[str, int] | None = None
+        """The number read running now (``.item()`` of a non-bool tensor): its place and how many reads there came
+        before it in this forward and loss (RealForward.reads' key)."""
         self._from_model: Any = tp.WeakIdKeyDictionary()
         """Storages whose values the model's parameters or buffers went into (in forward and loss): a size decided
         by them needs the real forward, not the batch's values."""
         self._drawn: Any = tp.WeakIdKeyDictionary()
-        """Storages whose values a random draw of forward or loss went into (``torch.rand([]) < layerdrop``): a
-        condition on them takes another branch each step, so neither the batch nor one real forward decides it."""
+        """Storages whose values a one-element random draw of forward or loss went into (``torch.rand([]) <
+        layerdrop``): a condition on them takes another branch each step, so neither the batch nor one real forward
+        decides it. A draw of many elements is noise on values (RT-DETR's denoising queries jitter the batch's boxes,
+        and its matcher checks the predicted boxes, theirs included, with ``.all()``): a condition on it is on the
+        values, which the real forward decides, as for dropout (``RANDOM_OPS``)."""
         self._draw_top: Any = tp.WeakIdKeyDictionary()
         """One-element draws of forward and loss -> the largest value each can take, which a read as a number gets
         (``largest_draw``), in the real forward and in the trace alike."""
@@ -103,10 +111,12 @@ class StepValues:
     def begin_forward(self) -> None:
         """A forward begins: RealForward's records are numbered from here."""
         self._dynamic_calls = self._conditions = self.host_copies = 0
+        self._read_sites.clear()
 
     def number(self, func: Any, name: str, args: Any) -> tuple[int | None, int | None]:
         """The op's place in this forward and loss among the value-dependent ops and among the conditions (the
         orders RealForward keeps), or None where it is not one."""
+        self._read_key = None
         if self._recording.phase not in ("forward", "loss"):
             return None, None
         call = condition = None
@@ -114,6 +124,11 @@ class StepValues:
             call, self._dynamic_calls = self._dynamic_calls, self._dynamic_calls + 1
         if name == "_local_scalar_dense" and args[0].dtype == torch.bool:
             condition, self._conditions = self._conditions, self._conditions + 1
+        elif name == "_local_scalar_dense":
+            # numbers are matched by place, not by order: a module that reads some only in its first forward
+            # (torchvision's MultiScaleRoIAlign, its scales) would shift every later read of the next step
+            site = user_frame()
+            self._read_key, self._read_sites[site] = (site, self._read_sites[site]), self._read_sites[site] + 1
         return call, condition
 
     # ------------------------------------------------------------ value reads
@@ -127,7 +142,13 @@ class StepValues:
             self._recording.trace.uncertain.setdefault(
                 "value_read", f"a random draw read at {user_frame()} was taken at its largest ({top}): other draws "
                 "may pick smaller sizes")
+            self._keep_read(top)
         return top
+
+    def _keep_read(self, value: Any) -> None:
+        """The real forward keeps what the number read running now got (``RealForward.reads``)."""
+        if self.real and self._read_key is not None and self.real_forward is not None:
+            self.real_forward.reads[self._read_key] = value
 
     def known_read(self, t: torch.Tensor, condition: int | None) -> Any:
         """``t.item()`` when ``t``'s value is known (computed from constants), else ``NOT_KNOWN``."""
@@ -136,6 +157,7 @@ class StepValues:
             return NOT_KNOWN
         if self.real and condition is not None and self.real_forward is not None:
             self.real_forward.conditions.append(bool(known))
+        self._keep_read(known)
         return known
 
     def unknown_read(self, t: torch.Tensor, condition: int | None) -> Any:
@@ -167,6 +189,11 @@ class StepValues:
         recorded = self.real_forward.conditions if self.real_forward is not None else []
         if condition is not None and condition < len(recorded):
             return recorded[condition]  # what the real forward's condition at this place in the order was
+        if self._read_key is not None and self.real_forward is not None and self._read_key in self.real_forward.reads:
+            # a number the step computes with (Switch Transformers formats its expert's name from one)
+            recording.trace.uncertain.setdefault(
+                "value_read", f"a tensor value read at {self._read_key[0]}: what one real CPU forward read there")
+            return self.real_forward.reads[self._read_key]
         if t.dtype == torch.bool and recording.phase in ("forward", "loss") and self.real_forward is None \
                 and not recording.building_model:
             # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
@@ -257,6 +284,7 @@ class StepValues:
                 self.real_forward.keep(name, args, out)
             if condition is not None and self.real_forward is not None:
                 self.real_forward.conditions.append(bool(out))
+            self._keep_read(out)
         elif self.known.small(out):
             real = self.known.run(func, name, args, kwargs, random=self.batch_values and phase == "data")
             if real is not None:
@@ -271,7 +299,7 @@ class StepValues:
             if self.reads_model(args):
                 for t in output_tensors(out):
                     self._from_model[t.untyped_storage()] = True
-            if name in RANDOM_OPS or reads(self._drawn, args):
+            if (name in RANDOM_OPS and all(t.numel() <= 1 for t in output_tensors(out))) or reads(self._drawn, args):
                 for t in output_tensors(out):
                     self._drawn[t.untyped_storage()] = True
         if name in RANDOM_OPS:

@@ -63,6 +63,7 @@ HOST_COPY = "a copy to host memory (.numpy())"
 
 _TORCH_NUMPY = torch.Tensor.numpy  # torch's own, taken at import (HostCopies replaces it for a while)
 _TORCH_TOLIST = torch.Tensor.tolist
+_TORCH_FORMAT = torch.Tensor.__format__
 
 
 class HostCopies:
@@ -76,7 +77,8 @@ class HostCopies:
 
     Inside, ``torch.Tensor.numpy`` is this object's ``numpy`` for the thread that entered (other threads get
     torch's), and ``tolist``, which reads values without an op, writes the real forward's pending stand-in outputs
-    first (``ProductStandIns.fill``; ``.numpy()`` runs a ``detach``, which does). It was a ``TorchFunctionMode``, which runs Python for every torch call of the step, ``.shape``
+    first (``ProductStandIns.fill``; ``.numpy()`` runs a ``detach``, which does); a one-element fake tensor formats
+    by its value (``format``). It was a ``TorchFunctionMode``, which runs Python for every torch call of the step, ``.shape``
     included: 15 % of timm MaxViT-T's estimate on a 2-core CPU (14.1 s against 11.9;
     ``benchmarks/results/estimate/estimate_time_hostcopies_cpu_torch2.14_20261128.md``).
     """
@@ -84,7 +86,7 @@ class HostCopies:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self._thread = threading.get_ident()
-        self._own: dict[str, Any] = {}  # what torch.Tensor's own dict held under each name (None: inherited)
+        self._own: dict[tuple[type, str], Any] = {}  # what each class's own dict held under a name (None: inherited)
 
     def __enter__(self) -> HostCopies:
         host_copies = self
@@ -95,17 +97,29 @@ class HostCopies:
         def tolist(t: torch.Tensor) -> Any:
             return host_copies.tolist(t)
 
-        for name, method in (("numpy", numpy), ("tolist", tolist)):
-            self._own[name] = torch.Tensor.__dict__.get(name)
-            setattr(torch.Tensor, name, method)
+        def format_fake(t: torch.Tensor, spec: str) -> str:
+            return host_copies.format(t, spec)
+
+        for owner, name, method in ((torch.Tensor, "numpy", numpy), (torch.Tensor, "tolist", tolist),
+                                    (tp.FakeTensor, "__format__", format_fake)):
+            self._own[owner, name] = owner.__dict__.get(name)
+            setattr(owner, name, method)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name, own in self._own.items():
+        for (owner, name), own in self._own.items():
             if own is None:
-                delattr(torch.Tensor, name)
+                delattr(owner, name)
             else:
-                setattr(torch.Tensor, name, own)
+                setattr(owner, name, own)
+
+    def format(self, t: torch.Tensor, spec: str) -> str:
+        """``format()`` of a fake tensor (an f-string): a one-element one as a CUDA tensor formats, by its value (a
+        read, answered as ``.item()`` is); torch formats a tensor subclass, as fake tensors are, by its repr.
+        Switch Transformers names its expert's module ``f"expert_{index}"``."""
+        if threading.get_ident() == self._thread and t.dim() == 0:
+            return format(t.item(), spec)
+        return _TORCH_FORMAT(t, spec)
 
     def tolist(self, t: torch.Tensor) -> Any:
         stand_ins = self.recorder.step_values.stand_ins
@@ -347,7 +361,7 @@ def _trace_frozen(workload: Workload, recorder: Recorder, *, steps: int, old_obj
             register_model(recorder, model, optimizer)
             scaler = torch.amp.GradScaler("cpu") if workload.precision == "fp16" else None
             try:
-                with RealRunPaths(), HostCopies(recorder):  # the libraries take a real run's path; .numpy()
+                with RealRunPaths(model), HostCopies(recorder):  # the libraries take a real run's path; .numpy()
                     run_steps(
                         workload, model, optimizer, batch, autocast_device="cpu", scaler=scaler, steps=steps,
                         phase=functools.partial(on_phase, recorder, optimizer),  # bound now: `del` below
