@@ -125,3 +125,21 @@ def test_settle_scaler_runs_until_the_optimizer_stepped():
     assert runs[False] == (DEFAULT_STEPS, 0, 2.0 ** 13)  # every protocol step skipped: no Adam state
     # the first real step is the 13th (scale 2**4); one whole step runs after it, with the state alive
     assert runs[True] == (14, 2, 2.0 ** 4)
+
+
+class _LegacyParameter(torch.nn.Module):
+    """A parameter made by the legacy constructor, which ignores ``torch.device(...)`` as a context (Deformable
+    DETR's ``level_embed``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.level_embed = torch.nn.Parameter(torch.Tensor(3, 4))
+
+
+def test_the_model_is_built_whole_on_the_device():
+    w = Workload(model=_LegacyParameter, batch=lambda n: (torch.randn(n, 4),), loss=lambda out, b: out.sum(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=2)
+    model, optimizer, batch = build(w, "meta")  # the same path as "cuda", on any machine
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert all(p.device.type == "meta" for group in optimizer.param_groups for p in group["params"])

@@ -89,6 +89,11 @@ def build(
         if not isinstance(model, torch.nn.Module):
             raise WorkloadError(f"Workload.model() returned a {type(model).__name__}, not a torch.nn.Module: the "
                                 "factory must build and return the model, e.g. model=lambda: MyNet(...).")
+        if torch.device(device).type != "cpu":
+            # a tensor made by the legacy constructor ignores the device context (Deformable DETR's
+            # `nn.Parameter(torch.Tensor(levels, d_model))` stayed on the CPU, and its first forward failed on an
+            # H200): the user's `.to(device)` moves it, so does this
+            model.to(device)
         if workload.channels_last:
             to_channels_last(model)
         if workload.checkpoint:
