@@ -115,7 +115,7 @@ class StepValues:
 
     def number(self, func: Any, name: str, args: Any) -> tuple[int | None, int | None]:
         """The op's place in this forward and loss among the value-dependent ops and among the conditions (the
-        orders RealForward keeps), or None where it is not one."""
+        orders RealForward keeps), or None where it is not one; a number read's place is kept aside (``_read_key``)."""
         self._read_key = None
         if self._recording.phase not in ("forward", "loss"):
             return None, None
