@@ -154,4 +154,6 @@ def test_host_memory_flat_with_10x_more_data(tmp_path) -> None:
         growth[scale] = _anon_rss() - before
         # reading 300 windows must cost far less than the decoded raster (40 MiB at 10x)
         assert growth[scale] < file_pixels_bytes / 4, (scale, growth)
-    assert growth["10x"] < growth["1x"] + 16 * 2**20, growth
+    # resident memory can also shrink during a loop (the allocator handing back what an earlier test left): a
+    # negative growth at 1x is no allowance against 10x (seen in CI: -32 MiB at 1x, +76 KiB at 10x)
+    assert growth["10x"] < max(growth["1x"], 0) + 16 * 2**20, growth
