@@ -342,18 +342,18 @@ class ProductStandIns:
         them through ``trace.HostCopies`` (``fill``)."""
         out = self._stand_in(func, name, args, kwargs) if name in _STOOD_IN else None
         if out is None and self._pending:
-            self.fill(args, kwargs)
+            self.fill(args, list(kwargs.values()))
         return out
 
-    def fill(self, *tensors: Any) -> None:
-        """Write the pending stand-in outputs among ``tensors`` (nested in lists, tuples and dicts)."""
-        for t in _flat_tensors(tensors):
+    def fill(self, *items: Any) -> None:
+        """Write the pending stand-in outputs among the tensors of ``items`` (nested in lists and tuples)."""
+        for t in tensors(items):
             pending = self._pending.pop(t.untyped_storage(), None)
             if pending is not None:
                 shape, mean, scale = pending
-                with tp.no_dispatch_modes():
-                    base = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, shape, _contiguous(shape))
-                    self._write_normal(base, mean, scale)
+                with tp.no_dispatch_modes():  # the whole output, whatever view of it ``t`` is
+                    self._write_normal(torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).view(shape),
+                                       mean, scale)
 
     def _mean_square(self, t: torch.Tensor) -> float:
         pending = self._pending.get(t.untyped_storage())
@@ -383,8 +383,7 @@ class ProductStandIns:
             macs = math.prod(shape) * x.shape[-1]
         if macs < STAND_IN_MACS or not x.is_floating_point():
             return None
-        if bias is not None:
-            self.fill(bias)
+        self.fill(bias)
         with tp.no_dispatch_modes():
             std = alpha * math.sqrt(macs / math.prod(shape) * self._mean_square(w) * self._mean_square(x))
             mean = torch.zeros(()) if bias is None else bias.float() * beta
@@ -449,21 +448,6 @@ class ProductStandIns:
                 start = int(torch.randint(0, self._noise.numel() - block.numel() + 1, ()))
                 window = self._noise[start : start + block.numel()].view(block.shape)
                 torch.addcmul(m, window, s, out=block)
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a contiguous tensor of ``shape``."""
-    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-
-
-def _flat_tensors(items: Any) -> list[torch.Tensor]:
-    if isinstance(items, torch.Tensor):
-        return [items]
-    if isinstance(items, dict):
-        items = list(items.values())
-    if isinstance(items, (list, tuple)):
-        return [t for item in items for t in _flat_tensors(item)]
-    return []
 
 
 def _mean_square(t: torch.Tensor) -> float:
