@@ -13,20 +13,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zoo"))
-from registry import _load, entries  # noqa: E402
+from registry import entries  # noqa: E402
 
+from memfit.workload.loading import load_workload  # noqa: E402
 from memfit.workload.protocol import place_batch  # noqa: E402
 
 
 def main(names: list[str]) -> None:
     for entry in entries(names):
-        w = getattr(_load(entry.module), entry.name)
+        w = load_workload(entry.spec)
         try:
             torch.manual_seed(0)
             model = w.model().cuda().train()
-            batch = place_batch(w.batch(w.batch_size), "cuda", False)
-            out = w.forward(model, batch) if w.forward else model(**batch) if isinstance(batch, dict) else model(batch[0])
-            w.loss(out, batch).backward()
+            batch = place_batch(w.make_batch(w.batch_size), "cuda", False)
+            w.loss(w.run_forward(model, batch), batch).backward()
             print(f"{entry.name}: ran", flush=True)
         except Exception:  # noqa: BLE001 - the traceback is the result
             print(f"{entry.name}: failed", flush=True)
