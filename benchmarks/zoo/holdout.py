@@ -14,6 +14,7 @@ trains; nothing here was resized after a prediction was seen.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,12 +25,22 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import ce, detection_batch, hf_loss, images, lm_forward, sum_of_losses, tokens, volumes  # noqa: E402
+from recipes import (  # noqa: E402
+    adamw,
+    ce,
+    detection_batch,
+    hf_loss,
+    images,
+    lm_forward,
+    sum_of_losses,
+    timm_entry,
+    tokens,
+    volumes,
+)
 from recipes import hf_model as _hf
 from recipes import monai_loss as _monai_loss
 from recipes import monai_net as _monai
 from recipes import smp_model as _smp
-from recipes import timm_model as _timm
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -38,37 +49,27 @@ LIBRARY = "holdout"
 HOLDOUT = "holdout"
 
 
-def _adamw(lr: float = 1e-3, wd: float = 0.05) -> Callable[[Any], torch.optim.Optimizer]:
-    return lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)
-
-
 def _sgd(p: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)
 
 
 # --- timm ---------------------------------------------------------------------------------------------------------
 
-def _timm_entry(name: str, model: str, batch_size: int, precision: str, optimizer: Callable[[Any], Any],
-                kind: str) -> Workload:
-    return Workload(
-        name=name, description=f"timm {model} at 224x224, {precision}", model=_timm(model),
-        batch=images(224), loss=ce, optimizer=optimizer, batch_size=batch_size, precision=precision,  # type: ignore[arg-type]
-        tags=("timm", HOLDOUT, kind),
-    )
+_timm_entry = functools.partial(timm_entry, family=HOLDOUT)
 
 
-ho_timm_pvt_v2_b1 = _timm_entry("ho_timm_pvt_v2_b1", "pvt_v2_b1", 64, "bf16", _adamw(), "transformer")
-ho_timm_coat_lite_tiny = _timm_entry("ho_timm_coat_lite_tiny", "coat_lite_tiny", 64, "fp16", _adamw(), "transformer")
-ho_timm_poolformer_s12 = _timm_entry("ho_timm_poolformer_s12", "poolformer_s12", 128, "bf16", _adamw(), "cnn")
-ho_timm_fastvit_t8 = _timm_entry("ho_timm_fastvit_t8", "fastvit_t8", 128, "bf16", _adamw(), "hybrid")
-ho_timm_xcit_nano = _timm_entry("ho_timm_xcit_nano", "xcit_nano_12_p16_224", 128, "fp16", _adamw(), "transformer")
-ho_timm_cait_xxs24 = _timm_entry("ho_timm_cait_xxs24", "cait_xxs24_224", 64, "bf16", _adamw(), "transformer")
+ho_timm_pvt_v2_b1 = _timm_entry("ho_timm_pvt_v2_b1", "pvt_v2_b1", 64, "bf16", adamw(), "transformer")
+ho_timm_coat_lite_tiny = _timm_entry("ho_timm_coat_lite_tiny", "coat_lite_tiny", 64, "fp16", adamw(), "transformer")
+ho_timm_poolformer_s12 = _timm_entry("ho_timm_poolformer_s12", "poolformer_s12", 128, "bf16", adamw(), "cnn")
+ho_timm_fastvit_t8 = _timm_entry("ho_timm_fastvit_t8", "fastvit_t8", 128, "bf16", adamw(), "hybrid")
+ho_timm_xcit_nano = _timm_entry("ho_timm_xcit_nano", "xcit_nano_12_p16_224", 128, "fp16", adamw(), "transformer")
+ho_timm_cait_xxs24 = _timm_entry("ho_timm_cait_xxs24", "cait_xxs24_224", 64, "bf16", adamw(), "transformer")
 ho_timm_res2net50 = _timm_entry("ho_timm_res2net50", "res2net50_26w_4s", 64, "fp16", _sgd, "cnn")
 ho_timm_dla34 = _timm_entry("ho_timm_dla34", "dla34", 64, "fp32", _sgd, "cnn")
-ho_timm_tiny_vit_5m = _timm_entry("ho_timm_tiny_vit_5m", "tiny_vit_5m_224", 128, "bf16", _adamw(), "hybrid")
-ho_timm_hiera_tiny = _timm_entry("ho_timm_hiera_tiny", "hiera_tiny_224", 64, "bf16", _adamw(), "transformer")
-ho_timm_edgenext_small = _timm_entry("ho_timm_edgenext_small", "edgenext_small", 64, "fp16", _adamw(), "hybrid")
-ho_timm_beit_base = _timm_entry("ho_timm_beit_base", "beit_base_patch16_224", 32, "fp16", _adamw(), "transformer")
+ho_timm_tiny_vit_5m = _timm_entry("ho_timm_tiny_vit_5m", "tiny_vit_5m_224", 128, "bf16", adamw(), "hybrid")
+ho_timm_hiera_tiny = _timm_entry("ho_timm_hiera_tiny", "hiera_tiny_224", 64, "bf16", adamw(), "transformer")
+ho_timm_edgenext_small = _timm_entry("ho_timm_edgenext_small", "edgenext_small", 64, "fp16", adamw(), "hybrid")
+ho_timm_beit_base = _timm_entry("ho_timm_beit_base", "beit_base_patch16_224", 32, "fp16", adamw(), "transformer")
 
 
 # --- transformers -------------------------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def _lm(name: str, model: Callable[[], torch.nn.Module], vocab: int, seq: int, b
         what: str) -> Workload:
     return Workload(
         name=name, description=f"{what}, vocab {vocab}, {seq} tokens, {precision}", model=model,
-        batch=tokens(vocab, seq), forward=lm_forward, loss=hf_loss, optimizer=_adamw(3e-4, 0.1),
+        batch=tokens(vocab, seq), forward=lm_forward, loss=hf_loss, optimizer=adamw(3e-4, 0.1),
         batch_size=batch_size, precision=precision, tags=("transformers", HOLDOUT, "transformer"),  # type: ignore[arg-type]
     )
 
@@ -123,7 +124,7 @@ ho_hf_marian_mt = Workload(
               encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
               encoder_ffn_dim=2048, decoder_ffn_dim=2048, pad_token_id=58100, decoder_start_token_id=58100),
     batch=_seq2seq_batch(58000, 256), forward=lambda m, b: m(input_ids=b[0], labels=b[1]), loss=hf_loss,
-    optimizer=_adamw(3e-4, 0.0), batch_size=16, precision="fp16",
+    optimizer=adamw(3e-4, 0.0), batch_size=16, precision="fp16",
     tags=("transformers", HOLDOUT, "transformer", "encoder_decoder"),
 )
 
@@ -135,7 +136,7 @@ def _electra_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 ho_hf_electra_cls = Workload(
     name="ho_hf_electra_cls", description="ELECTRA-small discriminator, 3-way classification, 512 tokens, fp16",
     model=_hf("ElectraForSequenceClassification", "ElectraConfig", num_labels=3), batch=_electra_batch,
-    forward=lambda m, b: m(input_ids=b[0], labels=b[1]), loss=hf_loss, optimizer=_adamw(1e-4, 0.01),
+    forward=lambda m, b: m(input_ids=b[0], labels=b[1]), loss=hf_loss, optimizer=adamw(1e-4, 0.01),
     batch_size=64, precision="fp16", tags=("transformers", HOLDOUT, "transformer", "encoder"),
 )
 
@@ -156,7 +157,7 @@ ho_hf_detr = Workload(
                                "hidden_sizes": [256, 512, 1024, 2048], "out_features": ["stage4"]},
               num_labels=91),
     batch=_detr_batch, forward=lambda m, b: m(pixel_values=b[0], labels=b[1]), loss=hf_loss,
-    optimizer=_adamw(1e-4, 1e-4), batch_size=4, precision="fp32",
+    optimizer=adamw(1e-4, 1e-4), batch_size=4, precision="fp32",
     tags=("transformers", HOLDOUT, "detection", "transformer"),
 )
 
@@ -203,13 +204,13 @@ def _flow_loss(flows: list[torch.Tensor], batch: Any) -> torch.Tensor:
 ho_tv_raft_small = Workload(
     name="ho_tv_raft_small", description="RAFT-small optical flow, 12 refinement iterations, 368x496, fp32",
     model=_tv("raft_small"), batch=_flow_batch, forward=lambda m, b: m(b[0], b[1], num_flow_updates=12),
-    loss=_flow_loss, optimizer=_adamw(4e-4, 1e-4), batch_size=8, precision="fp32",
+    loss=_flow_loss, optimizer=adamw(4e-4, 1e-4), batch_size=8, precision="fp32",
     tags=("torchvision", HOLDOUT, "cnn", "optical_flow"),
 )
 ho_tv_swin3d_t = Workload(
     name="ho_tv_swin3d_t", description="Video Swin-T, 16 frames of 224x224, Kinetics-400, bf16",
     model=_tv("swin3d_t"), batch=lambda n: (torch.randn(n, 3, 16, 224, 224), torch.randint(0, 400, (n,))),
-    loss=ce, optimizer=_adamw(), batch_size=4, precision="bf16",
+    loss=ce, optimizer=adamw(), batch_size=4, precision="bf16",
     tags=("torchvision", HOLDOUT, "transformer", "video", "3d"),
 )
 
@@ -231,7 +232,7 @@ ho_tv_shufflenet = Workload(
 )
 ho_tv_maxvit_t = Workload(
     name="ho_tv_maxvit_t", description="torchvision MaxViT-T, 224x224, bf16", model=_tv("maxvit_t"),
-    batch=images(224), loss=ce, optimizer=_adamw(), batch_size=32, precision="bf16",
+    batch=images(224), loss=ce, optimizer=adamw(), batch_size=32, precision="bf16",
     tags=("torchvision", HOLDOUT, "hybrid"),
 )
 
@@ -430,6 +431,6 @@ class _BiasedAttentionViT(nn.Module):
 ho_sdpa_float_bias_vit = Workload(
     name="ho_sdpa_float_bias_vit", description="ViT-S-like, 1024 tokens, learned attention bias as SDPA float mask, "
     "bf16",
-    model=_BiasedAttentionViT, batch=images(256, classes=100), loss=ce, optimizer=_adamw(), batch_size=16,
+    model=_BiasedAttentionViT, batch=images(256, classes=100), loss=ce, optimizer=adamw(), batch_size=16,
     precision="bf16", tags=("torch", HOLDOUT, "transformer", "attention_bias"),
 )

@@ -16,6 +16,7 @@ nothing here is resized after a prediction is seen.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,9 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import ce, detection_batch, hf_loss, images, lm_forward, sum_of_losses, tokens  # noqa: E402
+from recipes import adamw, ce, detection_batch, hf_loss, images, lm_forward, sum_of_losses, timm_entry, tokens  # noqa: E402
 from recipes import hf_model as _hf
-from recipes import timm_model as _timm
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -37,36 +37,26 @@ LIBRARY = "holdout2"
 HOLDOUT2 = "holdout2"
 
 
-def _adamw(lr: float = 1e-3, wd: float = 0.05) -> Callable[[Any], torch.optim.Optimizer]:
-    return lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)
-
-
 def _sgd(p: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4)
 
 
 # --- timm ---------------------------------------------------------------------------------------------------------
 
-def _timm_entry(name: str, model: str, batch_size: int, precision: str, optimizer: Callable[[Any], Any],
-                kind: str, size: int = 224) -> Workload:
-    return Workload(
-        name=name, description=f"timm {model} at {size}x{size}, {precision}", model=_timm(model),
-        batch=images(size), loss=ce, optimizer=optimizer, batch_size=batch_size, precision=precision,  # type: ignore[arg-type]
-        tags=("timm", HOLDOUT2, kind),
-    )
+_timm_entry = functools.partial(timm_entry, family=HOLDOUT2)
 
 
-h2_timm_repvit_m1 = _timm_entry("h2_timm_repvit_m1", "repvit_m1", 128, "bf16", _adamw(), "cnn")
+h2_timm_repvit_m1 = _timm_entry("h2_timm_repvit_m1", "repvit_m1", 128, "bf16", adamw(), "cnn")
 h2_timm_efficientformerv2_s0 = _timm_entry("h2_timm_efficientformerv2_s0", "efficientformerv2_s0", 128, "fp16",
-                                           _adamw(), "hybrid")
-h2_timm_nextvit_small = _timm_entry("h2_timm_nextvit_small", "nextvit_small", 64, "bf16", _adamw(), "hybrid")
-h2_timm_gcvit_xxtiny = _timm_entry("h2_timm_gcvit_xxtiny", "gcvit_xxtiny", 64, "bf16", _adamw(), "transformer")
+                                           adamw(), "hybrid")
+h2_timm_nextvit_small = _timm_entry("h2_timm_nextvit_small", "nextvit_small", 64, "bf16", adamw(), "hybrid")
+h2_timm_gcvit_xxtiny = _timm_entry("h2_timm_gcvit_xxtiny", "gcvit_xxtiny", 64, "bf16", adamw(), "transformer")
 h2_timm_regnetz_b16 = _timm_entry("h2_timm_regnetz_b16", "regnetz_b16", 64, "fp16", _sgd, "cnn")
 h2_timm_ghostnetv2_100 = _timm_entry("h2_timm_ghostnetv2_100", "ghostnetv2_100", 128, "fp32", _sgd, "cnn")
-h2_timm_mambaout_femto = _timm_entry("h2_timm_mambaout_femto", "mambaout_femto", 128, "bf16", _adamw(), "cnn")
-h2_timm_davit_tiny = _timm_entry("h2_timm_davit_tiny", "davit_tiny", 32, "bf16", _adamw(), "transformer")
+h2_timm_mambaout_femto = _timm_entry("h2_timm_mambaout_femto", "mambaout_femto", 128, "bf16", adamw(), "cnn")
+h2_timm_davit_tiny = _timm_entry("h2_timm_davit_tiny", "davit_tiny", 32, "bf16", adamw(), "transformer")
 h2_timm_vit_relpos_small = _timm_entry("h2_timm_vit_relpos_small", "vit_relpos_small_patch16_224", 64, "fp16",
-                                       _adamw(), "transformer")
+                                       adamw(), "transformer")
 h2_timm_rexnet_100 = _timm_entry("h2_timm_rexnet_100", "rexnet_100", 128, "fp32", _sgd, "cnn")
 
 
@@ -76,7 +66,7 @@ def _lm(name: str, model: Callable[[], torch.nn.Module], vocab: int, seq: int, b
         what: str) -> Workload:
     return Workload(
         name=name, description=f"{what}, vocab {vocab}, {seq} tokens, {precision}", model=model,
-        batch=tokens(vocab, seq), forward=lm_forward, loss=hf_loss, optimizer=_adamw(3e-4, 0.1),
+        batch=tokens(vocab, seq), forward=lm_forward, loss=hf_loss, optimizer=adamw(3e-4, 0.1),
         batch_size=batch_size, precision=precision, tags=("transformers", HOLDOUT2, "transformer"),  # type: ignore[arg-type]
     )
 
@@ -109,7 +99,7 @@ h2_hf_xlmr_mlm = Workload(
     name="h2_hf_xlmr_mlm", description="XLM-R-style MLM (250,002-token vocabulary), 6 x 768, 256 tokens, bf16",
     model=_hf("XLMRobertaForMaskedLM", "XLMRobertaConfig", vocab_size=250002, hidden_size=768, num_hidden_layers=6,
               num_attention_heads=12, intermediate_size=3072, max_position_embeddings=514),
-    batch=_mlm_batch(250002, 256), loss=hf_loss, optimizer=_adamw(1e-4, 0.01), batch_size=16, precision="bf16",
+    batch=_mlm_batch(250002, 256), loss=hf_loss, optimizer=adamw(1e-4, 0.01), batch_size=16, precision="bf16",
     tags=("transformers", HOLDOUT2, "transformer", "encoder"),
 )
 
@@ -122,13 +112,13 @@ h2_hf_dinov2_small = Workload(
     name="h2_hf_dinov2_small", description="DINOv2-S/14 classifier (layer scale), 224x224, bf16",
     model=_hf("Dinov2ForImageClassification", "Dinov2Config", hidden_size=384, num_attention_heads=6,
               num_labels=1000, image_size=224),
-    batch=_image_batch(224, 1000), loss=hf_loss, optimizer=_adamw(1e-4), batch_size=64, precision="bf16",
+    batch=_image_batch(224, 1000), loss=hf_loss, optimizer=adamw(1e-4), batch_size=64, precision="bf16",
     tags=("transformers", HOLDOUT2, "transformer", "vision", "vit"),
 )
 h2_hf_mobilevitv2 = Workload(
     name="h2_hf_mobilevitv2", description="MobileViTV2-1.0 classifier (separable linear attention), 256x256, fp16",
     model=_hf("MobileViTV2ForImageClassification", "MobileViTV2Config", num_labels=1000, image_size=256),
-    batch=_image_batch(256, 1000), loss=hf_loss, optimizer=_adamw(2e-3), batch_size=64, precision="fp16",
+    batch=_image_batch(256, 1000), loss=hf_loss, optimizer=adamw(2e-3), batch_size=64, precision="fp16",
     tags=("transformers", HOLDOUT2, "hybrid", "vision"),
 )
 
@@ -141,7 +131,7 @@ def _ctc_batch(n: int) -> dict[str, torch.Tensor]:
 h2_hf_hubert_ctc = Workload(
     name="h2_hf_hubert_ctc", description="HuBERT-base's shape, CTC over 32 characters, 4 s clips, fp16",
     model=_hf("HubertForCTC", "HubertConfig", vocab_size=32, mask_time_prob=0.0), batch=_ctc_batch,
-    loss=hf_loss, optimizer=_adamw(1e-4), batch_size=8, precision="fp16",
+    loss=hf_loss, optimizer=adamw(1e-4), batch_size=8, precision="fp16",
     tags=("transformers", HOLDOUT2, "transformer", "speech", "ctc"),
 )
 
@@ -156,7 +146,7 @@ h2_hf_pegasus = Workload(
               decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
               decoder_ffn_dim=2048, max_position_embeddings=512),
     batch=_seq2seq_batch(96103, 512, 128), forward=lambda m, b: m(input_ids=b[0], labels=b[1]), loss=hf_loss,
-    optimizer=_adamw(1e-4, 0.0), batch_size=16, precision="bf16",
+    optimizer=adamw(1e-4, 0.0), batch_size=16, precision="bf16",
     tags=("transformers", HOLDOUT2, "transformer", "encoder_decoder"),
 )
 
@@ -194,7 +184,7 @@ h2_tv_s3d = Workload(
 )
 h2_tv_swin_v2_t = Workload(
     name="h2_tv_swin_v2_t", description="torchvision swin_v2_t (cosine attention, log-spaced position bias), 256x256, "
-    "bf16", model=_tv("swin_v2_t"), batch=images(256), loss=ce, optimizer=_adamw(), batch_size=64, precision="bf16",
+    "bf16", model=_tv("swin_v2_t"), batch=images(256), loss=ce, optimizer=adamw(), batch_size=64, precision="bf16",
     tags=("torchvision", HOLDOUT2, "transformer"),
 )
 
@@ -230,7 +220,7 @@ def _nt_xent(z: torch.Tensor, batch: Any, temperature: float = 0.2) -> torch.Ten
 h2_simclr_resnet18 = Workload(
     name="h2_simclr_resnet18", description="SimCLR: ResNet-18 + projection head, two 96x96 views, NT-Xent over a "
     "512 x 512 similarity matrix, fp16", model=_simclr_model, batch=_two_views, forward=_simclr_forward,
-    loss=_nt_xent, optimizer=_adamw(1e-3, 1e-6), batch_size=256, precision="fp16",
+    loss=_nt_xent, optimizer=adamw(1e-3, 1e-6), batch_size=256, precision="fp16",
     tags=("torch", "torchvision", HOLDOUT2, "cnn", "contrastive"),
 )
 
@@ -265,7 +255,7 @@ def _l1(out: torch.Tensor, batch: Any) -> torch.Tensor:
 
 h2_superres_x4 = Workload(
     name="h2_superres_x4", description="x4 sub-pixel super-resolution (8 residual blocks, 64 features), 96^2 -> "
-    "384^2 patches, L1, fp32", model=_SubPixelSR, batch=_sr_batch, loss=_l1, optimizer=_adamw(1e-4, 0.0),
+    "384^2 patches, L1, fp32", model=_SubPixelSR, batch=_sr_batch, loss=_l1, optimizer=adamw(1e-4, 0.0),
     batch_size=16, precision="fp32", tags=("torch", HOLDOUT2, "cnn", "super_resolution"),
 )
 
@@ -306,5 +296,5 @@ def _ce_plus_entropy(out: tuple[torch.Tensor, torch.Tensor], batch: Any) -> torc
 h2_attention_weights = Workload(
     name="h2_attention_weights", description="4-layer encoder, attention weights returned and regularised "
     "(entropy), 512 tokens, bf16", model=_AttentionWithWeights, batch=_seq_batch, loss=_ce_plus_entropy,
-    optimizer=_adamw(3e-4), batch_size=32, precision="bf16", tags=("torch", HOLDOUT2, "transformer"),
+    optimizer=adamw(3e-4), batch_size=32, precision="bf16", tags=("torch", HOLDOUT2, "transformer"),
 )

@@ -17,6 +17,7 @@ nothing here is resized after a prediction is seen.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,9 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import ce, detection_batch, hf_loss, images, sum_of_losses  # noqa: E402
+from recipes import adamw, ce, detection_batch, hf_loss, sum_of_losses, timm_entry  # noqa: E402
 from recipes import hf_model as _hf
-from recipes import timm_model as _timm
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -37,33 +37,23 @@ LIBRARY = "holdout3"
 HOLDOUT3 = "holdout3"
 
 
-def _adamw(lr: float = 1e-3, wd: float = 0.05) -> Callable[[Any], torch.optim.Optimizer]:
-    return lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)
-
-
 def _sgd(p: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)
 
 
 # --- timm ---------------------------------------------------------------------------------------------------------
 
-def _timm_entry(name: str, model: str, batch_size: int, precision: str, optimizer: Callable[[Any], Any],
-                kind: str, size: int = 224) -> Workload:
-    return Workload(
-        name=name, description=f"timm {model} at {size}x{size}, {precision}", model=_timm(model),
-        batch=images(size), loss=ce, optimizer=optimizer, batch_size=batch_size, precision=precision,  # type: ignore[arg-type]
-        tags=("timm", HOLDOUT3, kind),
-    )
+_timm_entry = functools.partial(timm_entry, family=HOLDOUT3)
 
 
 h3_timm_hgnetv2_b0 = _timm_entry("h3_timm_hgnetv2_b0", "hgnetv2_b0", 128, "fp16", _sgd, "cnn")
-h3_timm_efficientvit_m0 = _timm_entry("h3_timm_efficientvit_m0", "efficientvit_m0", 256, "bf16", _adamw(),
+h3_timm_efficientvit_m0 = _timm_entry("h3_timm_efficientvit_m0", "efficientvit_m0", 256, "bf16", adamw(),
                                       "transformer")
-h3_timm_starnet_s1 = _timm_entry("h3_timm_starnet_s1", "starnet_s1", 128, "fp32", _adamw(3e-3), "cnn")
-h3_timm_coatnet_0 = _timm_entry("h3_timm_coatnet_0", "coatnet_0_rw_224", 64, "bf16", _adamw(), "hybrid")
-h3_timm_crossvit_tiny = _timm_entry("h3_timm_crossvit_tiny", "crossvit_tiny_240", 128, "fp16", _adamw(), "transformer",
+h3_timm_starnet_s1 = _timm_entry("h3_timm_starnet_s1", "starnet_s1", 128, "fp32", adamw(3e-3), "cnn")
+h3_timm_coatnet_0 = _timm_entry("h3_timm_coatnet_0", "coatnet_0_rw_224", 64, "bf16", adamw(), "hybrid")
+h3_timm_crossvit_tiny = _timm_entry("h3_timm_crossvit_tiny", "crossvit_tiny_240", 128, "fp16", adamw(), "transformer",
                                     size=240)
-h3_timm_twins_svt_small = _timm_entry("h3_timm_twins_svt_small", "twins_svt_small", 64, "bf16", _adamw(),
+h3_timm_twins_svt_small = _timm_entry("h3_timm_twins_svt_small", "twins_svt_small", 64, "bf16", adamw(),
                                       "transformer")
 
 
@@ -86,7 +76,7 @@ h3_hf_bigbird_mlm = Workload(
     model=_hf("BigBirdForMaskedLM", "BigBirdConfig", vocab_size=50358, hidden_size=768, num_hidden_layers=8,
               num_attention_heads=12, intermediate_size=3072, max_position_embeddings=2048,
               attention_type="block_sparse", block_size=64, num_random_blocks=3),
-    batch=_mlm_batch(50358, 2048), loss=hf_loss, optimizer=_adamw(1e-4, 0.01), batch_size=4, precision="bf16",
+    batch=_mlm_batch(50358, 2048), loss=hf_loss, optimizer=adamw(1e-4, 0.01), batch_size=4, precision="bf16",
     tags=("transformers", HOLDOUT3, "transformer", "encoder"),
 )
 h3_hf_funnel_mlm = Workload(
@@ -94,7 +84,7 @@ h3_hf_funnel_mlm = Workload(
     "fp16",
     model=_hf("FunnelForMaskedLM", "FunnelConfig", vocab_size=30522, block_sizes=[4, 4, 4], d_model=768, n_head=12,
               d_inner=3072),
-    batch=_mlm_batch(30522, 512), loss=hf_loss, optimizer=_adamw(1e-4, 0.01), batch_size=16, precision="fp16",
+    batch=_mlm_batch(30522, 512), loss=hf_loss, optimizer=adamw(1e-4, 0.01), batch_size=16, precision="fp16",
     tags=("transformers", HOLDOUT3, "transformer", "encoder"),
 )
 
@@ -113,7 +103,7 @@ h3_hf_switch_base8 = Workload(
     model=_hf("SwitchTransformersForConditionalGeneration", "SwitchTransformersConfig", vocab_size=32128, d_model=512,
               d_ff=2048, d_kv=64, num_heads=8, num_layers=6, num_decoder_layers=6, num_experts=8,
               encoder_sparse_step=2, decoder_sparse_step=2, expert_capacity=64, decoder_start_token_id=0, pad_token_id=0),
-    batch=_seq2seq_batch(32128, 512, 128), forward=_seq2seq_forward, loss=hf_loss, optimizer=_adamw(1e-4, 0.0),
+    batch=_seq2seq_batch(32128, 512, 128), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
     batch_size=8, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "encoder_decoder", "moe"),
 )
 h3_hf_longt5_tglobal = Workload(
@@ -122,7 +112,7 @@ h3_hf_longt5_tglobal = Workload(
     model=_hf("LongT5ForConditionalGeneration", "LongT5Config", vocab_size=32128, d_model=512, d_ff=1024, d_kv=64,
               num_heads=8, num_layers=6, num_decoder_layers=6, encoder_attention_type="transient-global",
               local_radius=127, global_block_size=16, decoder_start_token_id=0, pad_token_id=0),
-    batch=_seq2seq_batch(32128, 4096, 256), forward=_seq2seq_forward, loss=hf_loss, optimizer=_adamw(1e-4, 0.0),
+    batch=_seq2seq_batch(32128, 4096, 256), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
     batch_size=2, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "encoder_decoder"),
 )
 
@@ -133,7 +123,7 @@ h3_hf_vitmae_pretrain = Workload(
     name="h3_hf_vitmae_pretrain", description="ViT-MAE-B pretraining (75 % of patches masked at random, 8-layer "
     "decoder), 224x224, bf16",
     model=_hf("ViTMAEForPreTraining", "ViTMAEConfig"),
-    batch=lambda n: {"pixel_values": torch.randn(n, 3, 224, 224)}, loss=hf_loss, optimizer=_adamw(1.5e-4),
+    batch=lambda n: {"pixel_values": torch.randn(n, 3, 224, 224)}, loss=hf_loss, optimizer=adamw(1.5e-4),
     batch_size=64, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "vision", "vit"),
 )
 
@@ -147,7 +137,7 @@ h3_hf_siglip = Workload(
     "224x224 and 64 tokens, bf16",
     model=_hf("SiglipModel", "SiglipConfig", text_config={"vocab_size": 32000, "max_position_embeddings": 64},
               vision_config={"image_size": 224, "patch_size": 16}),
-    batch=_siglip_batch, forward=lambda m, b: m(**b, return_loss=True), loss=hf_loss, optimizer=_adamw(1e-4, 0.1),
+    batch=_siglip_batch, forward=lambda m, b: m(**b, return_loss=True), loss=hf_loss, optimizer=adamw(1e-4, 0.1),
     batch_size=64, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "vision", "contrastive"),
 )
 
@@ -160,7 +150,7 @@ def _ctc_batch(n: int) -> dict[str, torch.Tensor]:
 h3_hf_data2vec_audio_ctc = Workload(
     name="h3_hf_data2vec_audio_ctc", description="Data2Vec-Audio base's shape, CTC over 32 characters, 5 s clips, fp16",
     model=_hf("Data2VecAudioForCTC", "Data2VecAudioConfig", vocab_size=32, mask_time_prob=0.0, layerdrop=0.0),
-    batch=_ctc_batch, loss=hf_loss, optimizer=_adamw(1e-4), batch_size=8, precision="fp16",
+    batch=_ctc_batch, loss=hf_loss, optimizer=adamw(1e-4), batch_size=8, precision="fp16",
     tags=("transformers", HOLDOUT3, "transformer", "speech", "ctc"),
 )
 
@@ -175,7 +165,7 @@ h3_hf_swin2sr_x2 = Workload(
     model=_hf("Swin2SRForImageSuperResolution", "Swin2SRConfig", upscale=2, embed_dim=180, depths=[6] * 6,
               num_heads=[6] * 6, window_size=8, upsampler="pixelshuffle"),
     batch=lambda n: (torch.rand(n, 3, 64, 64), torch.rand(n, 3, 128, 128)),
-    forward=lambda m, b: m(pixel_values=b[0]), loss=_sr_loss, optimizer=_adamw(2e-4, 0.0), batch_size=8,
+    forward=lambda m, b: m(pixel_values=b[0]), loss=_sr_loss, optimizer=adamw(2e-4, 0.0), batch_size=8,
     precision="fp32", tags=("transformers", HOLDOUT3, "transformer", "super_resolution"),
 )
 
@@ -207,14 +197,14 @@ h3_hf_deformable_detr = Workload(
     "weights), Hungarian matching, 2 x 640^2, fp32",
     model=_hf("DeformableDetrForObjectDetection", "DeformableDetrConfig", use_timm_backbone=False,
               use_pretrained_backbone=False, backbone_config=_RESNET50, num_labels=91),
-    batch=_detection(640, 12, 91), forward=_hf_detection_forward, loss=hf_loss, optimizer=_adamw(2e-4, 1e-4),
+    batch=_detection(640, 12, 91), forward=_hf_detection_forward, loss=hf_loss, optimizer=adamw(2e-4, 1e-4),
     batch_size=2, precision="fp32", tags=("transformers", HOLDOUT3, "detection", "transformer"),
 )
 h3_hf_rtdetr = Workload(
     name="h3_hf_rtdetr", description="RT-DETR (ResNet-50-D backbone, hybrid encoder, denoising queries), 4 x 640^2, "
     "fp32",
     model=_hf("RTDetrForObjectDetection", "RTDetrConfig", num_labels=80),
-    batch=_detection(640, 12, 80), forward=_hf_detection_forward, loss=hf_loss, optimizer=_adamw(1e-4, 1e-4),
+    batch=_detection(640, 12, 80), forward=_hf_detection_forward, loss=hf_loss, optimizer=adamw(1e-4, 1e-4),
     batch_size=4, precision="fp32", tags=("transformers", HOLDOUT3, "detection", "transformer"),
 )
 h3_hf_yolos_small = Workload(
@@ -223,7 +213,7 @@ h3_hf_yolos_small = Workload(
     model=_hf("YolosForObjectDetection", "YolosConfig", hidden_size=384, num_attention_heads=6, intermediate_size=1536,
               image_size=[512, 704], num_labels=91),
     batch=lambda n: (torch.rand(n, 3, 512, 704), _box_labels(n, 10, 91)), forward=_hf_detection_forward,
-    loss=hf_loss, optimizer=_adamw(2.5e-5, 1e-4), batch_size=2, precision="fp32",
+    loss=hf_loss, optimizer=adamw(2.5e-5, 1e-4), batch_size=2, precision="fp32",
     tags=("transformers", HOLDOUT3, "detection", "transformer", "vit"),
 )
 
@@ -247,7 +237,7 @@ h3_hf_mask2former = Workload(
     model=_hf("Mask2FormerForUniversalSegmentation", "Mask2FormerConfig", num_labels=133, use_pretrained_backbone=False,
               backbone_config={"model_type": "swin", "embed_dim": 96, "depths": [2, 2, 6, 2],
                                "num_heads": [3, 6, 12, 24], "out_features": ["stage1", "stage2", "stage3", "stage4"]}),
-    batch=_mask2former_batch, loss=hf_loss, optimizer=_adamw(1e-4), batch_size=2, precision="fp32",
+    batch=_mask2former_batch, loss=hf_loss, optimizer=adamw(1e-4), batch_size=2, precision="fp32",
     tags=("transformers", HOLDOUT3, "segmentation", "transformer"),
 )
 
@@ -267,7 +257,7 @@ h3_tv_mvit_v1_b = Workload(
     "Kinetics-400, bf16",
     model=_tv("mvit_v1_b", num_classes=400),
     batch=lambda n: (torch.randn(n, 3, 16, 224, 224), torch.randint(0, 400, (n,))), loss=ce,
-    optimizer=_adamw(1e-3), batch_size=4, precision="bf16", tags=("torchvision", HOLDOUT3, "transformer", "video"),
+    optimizer=adamw(1e-3), batch_size=4, precision="bf16", tags=("torchvision", HOLDOUT3, "transformer", "video"),
 )
 h3_tv_deeplabv3_mobilenet = Workload(
     name="h3_tv_deeplabv3_mobilenet", description="torchvision deeplabv3_mobilenet_v3_large + aux head, 21 classes, "

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from memfit import Workload
+
 Batch = Callable[..., Any]
 
 
@@ -162,3 +164,19 @@ def logits_ce(out: Any, batch: Any) -> torch.Tensor:
 def sum_of_losses(out: dict[str, torch.Tensor], batch: Any) -> torch.Tensor:
     """torchvision detection models return a dict of losses in training mode: the step minimises their sum."""
     return sum(out.values())  # type: ignore[return-value]
+
+
+def adamw(lr: float = 1e-3, wd: float = 0.05) -> Callable[[Any], torch.optim.Optimizer]:
+    """``params -> AdamW(params, lr, weight_decay=wd)``."""
+    return lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)
+
+
+def timm_entry(name: str, model: str, batch_size: int, precision: str, optimizer: Callable[[Any], Any], kind: str,
+               size: int = 224, *, family: str) -> Workload:
+    """A timm classifier trained with cross-entropy on random ``size`` x ``size`` images, tagged ``("timm",
+    family, kind)``."""
+    return Workload(
+        name=name, description=f"timm {model} at {size}x{size}, {precision}", model=timm_model(model),
+        batch=images(size), loss=ce, optimizer=optimizer, batch_size=batch_size, precision=precision,  # type: ignore[arg-type]
+        tags=("timm", family, kind),
+    )
