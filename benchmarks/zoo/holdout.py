@@ -27,6 +27,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import (  # noqa: E402
     adamw,
+    box_labels,
     ce,
     detection_batch,
     hf_loss,
@@ -142,11 +143,7 @@ ho_hf_electra_cls = Workload(
 
 
 def _detr_batch(n: int) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
-    labels = []
-    for _ in range(n):
-        centre = torch.rand(10, 2) * 0.6 + 0.2
-        size = torch.rand(10, 2) * 0.3 + 0.05
-        labels.append({"class_labels": torch.randint(0, 91, (10,)), "boxes": torch.cat([centre, size], dim=1)})
+    labels = box_labels(n, 10, 91)  # drawn before the images
     return torch.rand(n, 3, 512, 512), labels
 
 

@@ -27,7 +27,18 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import adamw, ce, detection_batch, hf_loss, images, lm_forward, sum_of_losses, timm_entry, tokens  # noqa: E402
+from recipes import (  # noqa: E402
+    adamw,
+    ce,
+    detection_batch,
+    hf_loss,
+    images,
+    lm_forward,
+    seq2seq_batch,
+    sum_of_losses,
+    timm_entry,
+    tokens,
+)
 from recipes import hf_model as _hf
 from recipes import tv_model as _tv
 
@@ -136,16 +147,12 @@ h2_hf_hubert_ctc = Workload(
 )
 
 
-def _seq2seq_batch(vocab: int, src: int, tgt: int) -> Callable[[int], Any]:
-    return lambda n: (torch.randint(2, vocab, (n, src)), torch.randint(2, vocab, (n, tgt)))
-
-
 h2_hf_pegasus = Workload(
     name="h2_hf_pegasus", description="Pegasus-style summariser (6 + 6 layers, 512, vocab 96,103), 512 -> 128, bf16",
     model=_hf("PegasusForConditionalGeneration", "PegasusConfig", vocab_size=96103, d_model=512, encoder_layers=6,
               decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
               decoder_ffn_dim=2048, max_position_embeddings=512),
-    batch=_seq2seq_batch(96103, 512, 128), forward=lambda m, b: m(input_ids=b[0], labels=b[1]), loss=hf_loss,
+    batch=seq2seq_batch(96103, 512, 128), forward=lambda m, b: m(input_ids=b[0], labels=b[1]), loss=hf_loss,
     optimizer=adamw(1e-4, 0.0), batch_size=16, precision="bf16",
     tags=("transformers", HOLDOUT2, "transformer", "encoder_decoder"),
 )

@@ -8,8 +8,8 @@ StarNet, CoAtNet, CrossViT (two token scales) and Twins-SVT; Hugging Face's BigB
 ViT-MAE pretraining (random masking), Switch Transformers (top-1 experts with a capacity), Mask2Former (Hungarian
 matching on sampled points), Deformable DETR, RT-DETR (denoising queries), YOLOS, SigLIP's contrastive loss,
 LongT5 (transient-global attention), Funnel (pooled sequence), Swin2SR super-resolution and Data2Vec-Audio CTC;
-torchvision's MViT v1 (video), Faster R-CNN v2 and DeepLabV3 on MobileNetV3. They are reported on their own (tag ``holdout3``): nothing was fitted
-on them, and any fix made after seeing one is said to be so in the results.
+torchvision's MViT v1 (video), Faster R-CNN v2 and DeepLabV3 on MobileNetV3. They are reported on their own (tag
+``holdout3``): nothing was fitted on them, and any fix made after seeing one is said to be so in the results.
 
 Each builder follows its library's usual recipe (optimizer, precision, input size) at a batch one GPU trains;
 nothing here is resized after a prediction is seen.
@@ -27,7 +27,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import adamw, ce, detection_batch, hf_loss, sum_of_losses, timm_entry  # noqa: E402
+from recipes import (  # noqa: E402
+    adamw,
+    box_labels,
+    ce,
+    detection_batch,
+    hf_loss,
+    seq2seq_batch,
+    sum_of_losses,
+    timm_entry,
+)
 from recipes import hf_model as _hf
 from recipes import tv_model as _tv
 
@@ -89,10 +98,6 @@ h3_hf_funnel_mlm = Workload(
 )
 
 
-def _seq2seq_batch(vocab: int, src: int, tgt: int) -> Callable[[int], Any]:
-    return lambda n: (torch.randint(2, vocab, (n, src)), torch.randint(2, vocab, (n, tgt)))
-
-
 def _seq2seq_forward(model: Any, batch: Any) -> Any:
     return model(input_ids=batch[0], labels=batch[1])
 
@@ -103,7 +108,7 @@ h3_hf_switch_base8 = Workload(
     model=_hf("SwitchTransformersForConditionalGeneration", "SwitchTransformersConfig", vocab_size=32128, d_model=512,
               d_ff=2048, d_kv=64, num_heads=8, num_layers=6, num_decoder_layers=6, num_experts=8,
               encoder_sparse_step=2, decoder_sparse_step=2, expert_capacity=64, decoder_start_token_id=0, pad_token_id=0),
-    batch=_seq2seq_batch(32128, 512, 128), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
+    batch=seq2seq_batch(32128, 512, 128), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
     batch_size=8, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "encoder_decoder", "moe"),
 )
 h3_hf_longt5_tglobal = Workload(
@@ -112,7 +117,7 @@ h3_hf_longt5_tglobal = Workload(
     model=_hf("LongT5ForConditionalGeneration", "LongT5Config", vocab_size=32128, d_model=512, d_ff=1024, d_kv=64,
               num_heads=8, num_layers=6, num_decoder_layers=6, encoder_attention_type="transient-global",
               local_radius=127, global_block_size=16, decoder_start_token_id=0, pad_token_id=0),
-    batch=_seq2seq_batch(32128, 4096, 256), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
+    batch=seq2seq_batch(32128, 4096, 256), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
     batch_size=2, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "encoder_decoder"),
 )
 
@@ -172,17 +177,8 @@ h3_hf_swin2sr_x2 = Workload(
 
 # --- transformers: detection and segmentation ------------------------------------------------------------------------
 
-def _box_labels(n: int, objects: int, classes: int) -> list[dict[str, torch.Tensor]]:
-    labels = []
-    for _ in range(n):
-        centre = torch.rand(objects, 2) * 0.6 + 0.2
-        size = torch.rand(objects, 2) * 0.3 + 0.05
-        labels.append({"class_labels": torch.randint(0, classes, (objects,)), "boxes": torch.cat([centre, size], 1)})
-    return labels
-
-
 def _detection(size: int, objects: int, classes: int) -> Callable[[int], Any]:
-    return lambda n: (torch.rand(n, 3, size, size), _box_labels(n, objects, classes))
+    return lambda n: (torch.rand(n, 3, size, size), box_labels(n, objects, classes))
 
 
 def _hf_detection_forward(model: Any, batch: Any) -> Any:
@@ -212,7 +208,7 @@ h3_hf_yolos_small = Workload(
     "fp32",
     model=_hf("YolosForObjectDetection", "YolosConfig", hidden_size=384, num_attention_heads=6, intermediate_size=1536,
               image_size=[512, 704], num_labels=91),
-    batch=lambda n: (torch.rand(n, 3, 512, 704), _box_labels(n, 10, 91)), forward=_hf_detection_forward,
+    batch=lambda n: (torch.rand(n, 3, 512, 704), box_labels(n, 10, 91)), forward=_hf_detection_forward,
     loss=hf_loss, optimizer=adamw(2.5e-5, 1e-4), batch_size=2, precision="fp32",
     tags=("transformers", HOLDOUT3, "detection", "transformer", "vit"),
 )

@@ -180,3 +180,19 @@ def timm_entry(name: str, model: str, batch_size: int, precision: str, optimizer
         batch=images(size), loss=ce, optimizer=optimizer, batch_size=batch_size, precision=precision,  # type: ignore[arg-type]
         tags=("timm", family, kind),
     )
+
+
+def seq2seq_batch(vocab: int, src: int, tgt: int) -> Batch:
+    """``n -> (source ids (n, src), target ids (n, tgt))``, ids from 2 up (0 and 1 left to padding and end)."""
+    return lambda n: (torch.randint(2, vocab, (n, src)), torch.randint(2, vocab, (n, tgt)))
+
+
+def box_labels(n: int, objects: int, classes: int) -> list[dict[str, torch.Tensor]]:
+    """Per image, ``objects`` boxes as DETR-family models take them: ``class_labels`` and normalised (centre x,
+    centre y, width, height) ``boxes``."""
+    labels = []
+    for _ in range(n):
+        centre = torch.rand(objects, 2) * 0.6 + 0.2
+        size = torch.rand(objects, 2) * 0.3 + 0.05
+        labels.append({"class_labels": torch.randint(0, classes, (objects,)), "boxes": torch.cat([centre, size], 1)})
+    return labels
