@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -249,6 +250,19 @@ def _fits(name: str, config: dict, memory: dict, cap: int) -> bool:
     return _capped_ok(name, config, cap)
 
 
+def _record(name: str, **fields: Any) -> dict:
+    """A result file's contents: the workload, the card, torch and the date, then ``fields``."""
+    import torch
+
+    return {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "date": dt.date.today().isoformat(), **fields}
+
+
+def _chosen(args: argparse.Namespace, gib: float) -> bool:
+    """``gib`` is one of ``--budgets`` (every budget is, without it)."""
+    return not args.budgets or gib in {float(b) for b in args.budgets.split(",")}
+
+
 def _interleaved(w, configs: list[dict], rounds: int) -> list[float]:  # noqa: ANN001
     """Step seconds of each configuration, all built at once, one micro-batch each per round, rotated."""
     built = [_micro_and_opt(w, c) for c in configs]
@@ -274,8 +288,6 @@ def _repeated(w, configs: list[dict], rounds: int, repeats: int  # noqa: ANN001
 
 
 def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
-    import torch
-
     w = _workload(name)
     started = time.perf_counter()
     contexts = [p.get("context_bytes") for p in pred["plans"]]
@@ -329,11 +341,10 @@ def sweep_workload(name: str, pred: dict, args: argparse.Namespace) -> dict:
         print(f"{name} {entry['budget_bytes'] / 2**30:.2f} GiB: plan runs={runs}, best/plan step ratio "
               f"{result['ratio']:.3f} (plan {steps[0] * 1e3:.1f} ms, best {steps[best] * 1e3:.1f} ms)", flush=True)
         budgets.append(result)
-    return {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "date": dt.date.today().isoformat(), "effective_batch": pred["effective_batch"], "caps": caps,
-            "context_bytes": context, "plans_gpu": pred["gpu"], "plans_provenance": pred.get("provenance"),
-            "speed_fit_model": name in SPEED_FIT_MODELS, "configurations": len(pred["configs"]),
-            "rows": list(rows.values()), "budgets": budgets, "sweep_s": time.perf_counter() - started}
+    return _record(name, effective_batch=pred["effective_batch"], caps=caps, context_bytes=context,
+                   plans_gpu=pred["gpu"], plans_provenance=pred.get("provenance"),
+                   speed_fit_model=name in SPEED_FIT_MODELS, configurations=len(pred["configs"]),
+                   rows=list(rows.values()), budgets=budgets, sweep_s=time.perf_counter() - started)
 
 
 def retime_stage(args: argparse.Namespace) -> None:
@@ -363,10 +374,8 @@ def retime_stage(args: argparse.Namespace) -> None:
                   f"x {args.rounds} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; of medians "
                   f"{row['ratio_of_medians']:.3f} (plan {medians[0] * 1e3:.1f} ms, "
                   f"best {min(medians) * 1e3:.1f} ms)", flush=True)
-        (out / f"plan_retime_{name}.json").write_text(json.dumps(
-            {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-             "date": dt.date.today().isoformat(), "sweep": str(args.sweep), "rounds": args.rounds,
-             "repeats": args.repeats, "budgets": budgets}, indent=1))
+        (out / f"plan_retime_{name}.json").write_text(json.dumps(_record(
+            name, sweep=str(args.sweep), rounds=args.rounds, repeats=args.repeats, budgets=budgets), indent=1))
 
 
 def control_stage(args: argparse.Namespace) -> None:
@@ -383,7 +392,7 @@ def control_stage(args: argparse.Namespace) -> None:
     w = _workload(name)
     budgets = []
     for b in judged["budgets"]:
-        if args.budgets and b["budget_bytes"] / 2**30 not in {float(x) for x in args.budgets.split(",")}:
+        if not _chosen(args, b["budget_bytes"] / 2**30):
             continue
         plan, *others = b["contenders"]
         fastest = min(others, key=lambda c: c["median_step_s"])
@@ -397,10 +406,8 @@ def control_stage(args: argparse.Namespace) -> None:
         print(f"{name} {b['budget_bytes'] / 2**30:.2f} GiB, {args.repeats} repeats x {args.rounds} rounds: contender / "
               f"plan {', '.join(f'{x:.3f}' for x in row['contender_over_plan'])}; the plan's copy / the plan "
               f"{', '.join(f'{x:.3f}' for x in row['copy_over_plan'])}", flush=True)
-    (out / f"plan_control_{name}.json").write_text(json.dumps(
-        {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-         "date": dt.date.today().isoformat(), "judged": str(args.judged), "rounds": args.rounds,
-         "repeats": args.repeats, "budgets": budgets}, indent=1))
+    (out / f"plan_control_{name}.json").write_text(json.dumps(_record(
+        name, judged=str(args.judged), rounds=args.rounds, repeats=args.repeats, budgets=budgets), indent=1))
 
 
 def calibrated_stage(args: argparse.Namespace) -> None:
@@ -442,7 +449,7 @@ def calibrated_stage(args: argparse.Namespace) -> None:
                                                                     strict=True)):
             budget = int(gib * 2**30)
             assert sweep_budget["budget_bytes"] == budget == roof_entry["budget_bytes"], (name, gib)
-            if args.budgets and gib not in {float(b) for b in args.budgets.split(",")}:
+            if not _chosen(args, gib):
                 continue
             cap = sweep_budget["cap_bytes"]
             row: dict = {"budget_bytes": budget, "cap_bytes": cap}
@@ -501,14 +508,12 @@ def calibrated_stage(args: argparse.Namespace) -> None:
                   f"ratio per repeat {', '.join(f'{r:.3f}' for r in row['ratio_per_repeat'])}, of medians "
                   f"{row['ratio_of_medians']:.3f} (plan {medians[0] * 1e3:.1f} ms, best {min(medians) * 1e3:.1f} "
                   f"ms; same as the roofline plan: {row['same_as_roofline_plan']})", flush=True)
-        (out / f"plan_calibrated_{name}.json").write_text(json.dumps(
-            {"workload": name, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-             "date": dt.date.today().isoformat(), "speed_model": speed.name, "speed_reason": speed.reason,
-             "calibration_s": calibration_s, "sweep": sweeps[name], "roofline_plans": str(args.plans),
-             "rounds": args.rounds, "repeats": args.repeats, "speed_fit_model": name in SPEED_FIT_MODELS,
-             "race": args.race,
-             "calibration": speed.calibration.to_dict() if speed.calibration is not None else None,
-             "budgets": budgets}, indent=1))
+        (out / f"plan_calibrated_{name}.json").write_text(json.dumps(_record(
+            name, speed_model=speed.name, speed_reason=speed.reason, calibration_s=calibration_s,
+            sweep=sweeps[name], roofline_plans=str(args.plans), rounds=args.rounds, repeats=args.repeats,
+            speed_fit_model=name in SPEED_FIT_MODELS, race=args.race,
+            calibration=speed.calibration.to_dict() if speed.calibration is not None else None, budgets=budgets),
+            indent=1))
 
 
 def _given_calibration(path: str | None, name: str):  # noqa: ANN202 - a memfit Calibration, or None
