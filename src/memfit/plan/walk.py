@@ -182,8 +182,7 @@ def _next_probes(search: Search, pending: list[Candidate], best: Candidate, prob
     kept the lane tracing larger micro-batches of structures whose micro-batch 1 missed. Guesses used, before and
     after: ResNet-50 at 1.2 GiB, where only micro-batch 1 fits, 4 of 11 and 10 of 11 (planning 27.3 -> 21.7 s);
     ViT-B/16 at 2 GiB, where nothing fits, 5 of 9 and 7 of 7; GPT-2 at 5.5 GiB 6 of 8 and 4 of 6, its planning
-    no slower
-    (benchmarks/results/plan/lane_use_cpu_torch2.13_20261128_s24.json,
+    no slower (benchmarks/results/plan/lane_use_cpu_torch2.13_20261128_s24.json,
     planning_time_lane_guess_ab_cpu_torch2.13_20261128_s24.md)."""
     key = structure_of(probe)
     model = models[structure_of(best.config)[0]]
