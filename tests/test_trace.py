@@ -1295,3 +1295,83 @@ def test_scalars_written_by_indexing_are_lifted_without_converting_them(monkeypa
     assert sum(lifted) >= 25 and fast.param_count == 25 * 3 + 3 and not fast.warnings
     monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", lambda self, a: None)
     assert trace_workload(w, GPU).events() == fast.events()
+
+
+class _FeatureEncoder(torch.nn.Module):
+    """Data2Vec-Audio's feature encoder in small: 1-D convolutions, each normed over its channels through a
+    transpose, so every convolution after the first reads a permuted input and gets a permuted gradient."""
+
+    channels, samples = 96, 5010
+
+    def __init__(self) -> None:
+        super().__init__()
+        c = self.channels
+        self.convs = torch.nn.ModuleList([torch.nn.Conv1d(1, c, 10, 5), torch.nn.Conv1d(c, c, 3, 2)])
+        self.norms = torch.nn.ModuleList([torch.nn.LayerNorm(c), torch.nn.LayerNorm(c)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv, norm in zip(self.convs, self.norms, strict=True):
+            x = torch.nn.functional.gelu(norm(conv(x).transpose(1, 2)).transpose(1, 2))
+        return x
+
+
+def _feature_encoder_workload() -> Workload:
+    return Workload(model=_FeatureEncoder, batch=lambda n: (torch.randn(n, 1, _FeatureEncoder.samples),),
+                    loss=lambda out, b: out.float().square().mean(), batch_size=4, precision="fp16",
+                    optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+
+
+def _first_layer_sizes() -> tuple[int, int]:
+    """Bytes of the first layer's (B, C, T) output in fp16 and in fp32: the second convolution's input and the
+    norm's, and their gradients and copies."""
+    n, c = 4, _FeatureEncoder.channels
+    t = (_FeatureEncoder.samples - 10) // 5 + 1
+    return n * c * t * 2, n * c * t * 4
+
+
+def test_a_convolution_and_a_layer_norm_copy_permuted_inputs_and_gradients_as_cuda_does():
+    """The H200 stream of Data2Vec-Audio's CTC step (entry_traces_h200_torch2.11_20261128_s26.tar.gz): a 1-D
+    convolution copies a permuted input before its output; its backward copies the input, then the output's
+    gradient, before the input's gradient; the layer norm's backward copies its permuted input before dX and the
+    permuted dY after it, and gives a contiguous dX. Without the copies its fits_in came out 5.6 % under the GPU's."""
+    trace = trace_workload(_feature_encoder_workload(), GPU, steps=1)
+    half, _ = _first_layer_sizes()
+    second = 4 * _FeatureEncoder.channels * 500 * 2  # the second output: (1001 - 3) // 2 + 1 = 500 steps
+    forward = [(a.op, a.nbytes) for a in _forward_allocs(trace) if a.module == "convs.1"]
+    assert ("convolution_scratch", half) in forward
+    assert forward.index(("convolution_scratch", half)) < [op for op, _ in forward].index("convolution")
+    backward = [(a.op, a.nbytes) for a in _forward_allocs(trace, "backward")]
+    conv = [i for i, (op, _) in enumerate(backward) if op == "convolution_backward"]
+    # the second convolution's backward (the first's input is contiguous and wants no gradient)
+    assert backward[conv[0] - 2:conv[0] + 1] == [
+        ("convolution_backward_scratch", half), ("convolution_backward_scratch", second),
+        ("convolution_backward", half)]
+    norm = [i for i, (op, _) in enumerate(backward) if op == "native_layer_norm_backward"]
+    assert backward[norm[0] - 1][0] == backward[norm[0] + 3][0] == "native_layer_norm_backward_scratch"
+
+
+@pytest.mark.gpu
+def test_cuda_copies_permuted_convolution_inputs_and_gradients_where_the_trace_does():
+    # the blocks of the first layer's (B, C, T) size, fp16 and fp32, that one step takes on CUDA: the trace must
+    # take as many of each (the copies above are most of them)
+    from memfit import _torch_private as tp
+
+    half, single = _first_layer_sizes()
+    trace = trace_workload(_feature_encoder_workload(), GPU, steps=1)
+    traced = [trace.allocs[k].nbytes for o, k in zip(trace.ops, trace.keys, strict=True)
+              if o > 0 and trace.allocs[k].phase in ("forward", "loss", "backward")]
+    torch.manual_seed(0)
+    model = _FeatureEncoder().cuda()
+    x = torch.randn(4, 1, _FeatureEncoder.samples, device="cuda")
+    torch.cuda.synchronize()
+    tp.record_memory_history(True)
+    try:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        torch.cuda.synchronize()
+        snap = tp.memory_snapshot()
+    finally:
+        tp.record_memory_history(False)
+    real = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    assert (real.count(half), real.count(single)) == (traced.count(half), traced.count(single))

@@ -10,6 +10,8 @@ depend on the GPU.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,8 +22,9 @@ from memfit.estimate.gpus import GpuSpec
 if TYPE_CHECKING:
     from memfit.estimate.trace_record import Trace
 
-__all__ = ["ALLOCATION_ORDER", "CUBLAS_OPS", "contiguous_copy_bytes", "conv_workspace", "cuda_attention_grads",
-           "kernel_transients", "layer_norm_copy_bytes", "narrow_dgrad_workspace"]
+__all__ = ["ALLOCATION_ORDER", "CUBLAS_OPS", "ConvBackwardCopies", "contiguous_copy_bytes", "conv_backward_copies", "conv_input_copy_bytes",
+           "conv_workspace", "cuda_attention_grads", "cuda_layer_norm_grads", "kernel_transients", "layer_norm_copy_bytes",
+           "narrow_dgrad_workspace"]
 
 
 # ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace
@@ -63,15 +66,170 @@ def cuda_attention_grads(grads: Any, inputs: Any) -> Any:
                  for g, x in zip(grads, inputs))
 
 
+def cuda_layer_norm_grads(grads: Any) -> Any:
+    """The layer norm's backward outputs as CUDA lays them out: the input's gradient contiguous
+    (layer_norm_kernel.cu: ``dX = empty_like(*X, LEGACY_CONTIGUOUS_MEMORY_FORMAT)``, X being the contiguous copy),
+    where the fake kernel gives it the input's strides. Over a permuted input (a speech encoder's (B, C, T) features
+    normed over C) the gradient flowing back is then a permuted view, which the convolution before it copies (an
+    H200 stream of Data2Vec-Audio: entry_traces_h200_torch2.11_20261128_s26.tar.gz)."""
+    dx = grads[0]
+    if not isinstance(dx, torch.Tensor) or dx.is_contiguous():
+        return grads
+    return (torch.empty(dx.shape, dtype=dx.dtype), *grads[1:])
+
+
 def contiguous_copy_bytes(x: torch.Tensor) -> int:
     """Bytes of ``x.contiguous()`` when it copies (a CUDA kernel's ``expect_contiguous`` of a permuted input), else 0."""
     return 0 if x.is_contiguous() else x.numel() * x.element_size()
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """A tensor's shape, strides and element size: what a convolution's copies depend on, without a tensor (the
+    copies' layouts are worked out, not made)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    itemsize: int
+
+    @staticmethod
+    def of(t: torch.Tensor) -> _Layout:
+        return _Layout(tuple(t.shape), tuple(t.stride()), t.element_size())
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    def as_2d(self) -> _Layout:
+        """A 1-D convolution's tensor as CUDA runs it: ``view4d``, an ``unsqueeze(2)``
+        (aten/src/ATen/native/Convolution.cpp)."""
+        if len(self.shape) != 3:
+            return self
+        s = self.shape
+        return _Layout((s[0], s[1], 1, s[2]), (*self.strides[:2], s[2] * self.strides[2], self.strides[2]),
+                       self.itemsize)
+
+    def laid_out(self, fmt: torch.memory_format) -> _Layout:
+        """The layout of ``contiguous(fmt)``."""
+        strides = [0] * len(self.shape)
+        step = 1
+        for d in _order(len(self.shape), fmt):
+            strides[d] = step
+            step *= max(self.shape[d], 1)
+        return _Layout(self.shape, tuple(strides), self.itemsize)
+
+    def is_in(self, fmt: torch.memory_format) -> bool:
+        """``is_contiguous(memory_format=fmt)``: dense in that order, size-1 dimensions' strides ignored."""
+        step = 1
+        for d in _order(len(self.shape), fmt):
+            if self.shape[d] != 1:
+                if self.strides[d] != step:
+                    return False
+                step *= self.shape[d]
+        return True
+
+    def copy_bytes(self, fmt: torch.memory_format) -> int:
+        """Bytes of ``contiguous(fmt)`` when it copies, else 0."""
+        return 0 if self.is_in(fmt) else self.nbytes
+
+    def suggested(self) -> torch.memory_format:
+        """c10's ``suggest_memory_format``: channels-last for the strides of one (c10/core/MemoryFormat.h,
+        ``is_channels_last_strides_2d``/``_3d``: a channel slice of one keeps the order), else contiguous."""
+        n = len(self.shape)
+        if n not in (4, 5) or self.strides[1] == 0:
+            return torch.contiguous_format
+        least = 0
+        for d in (1, 3, 2, 0) if n == 4 else (1, 4, 3, 2, 0):
+            if self.shape[d] == 0 or self.strides[d] < least or (d == 0 and least == self.strides[1]):
+                return torch.contiguous_format
+            least = self.strides[d] * max(self.shape[d], 1)
+        return torch.channels_last if n == 4 else torch.channels_last_3d
+
+
+def _order(ndim: int, fmt: torch.memory_format) -> tuple[int, ...]:
+    """Dimensions from the fastest-varying to the slowest in a memory format."""
+    if fmt == torch.channels_last:
+        return (1, 3, 2, 0)
+    if fmt == torch.channels_last_3d:
+        return (1, 4, 3, 2, 0)
+    return tuple(range(ndim - 1, -1, -1))
+
+
+def _cudnn_format(a: _Layout, b: _Layout) -> torch.memory_format:
+    """aten/src/ATen/native/ConvUtils.h, ``cudnn_conv_suggest_memory_format``: channels-last when either is."""
+    for t in (a, b):
+        if t.suggested() != torch.contiguous_format:
+            return t.suggested()
+    return torch.contiguous_format
+
+
+def conv_input_copy_bytes(x: torch.Tensor, w: torch.Tensor) -> int:
+    """The copy a CUDA convolution makes of an input not laid out as it runs (0 when there is none), taken before
+    the output and given back when the op returns.
+
+    aten/src/ATen/native/Convolution.cpp, ``_convolution``: a 1-D input is made ``contiguous()`` before it is viewed
+    as 2-D ("avoid accidentally going through NHWC for permuted 3d input"), and cuDNN gets
+    ``input.contiguous(backend_memory_format)``. A transposed (B, C, T) input is a speech model's feature encoder
+    with layer norms over channels (Data2Vec-Audio): an H200 stream of the third fresh draw's Data2Vec-Audio CTC step
+    has one such copy, the size of the input, before each convolution's output and freed after its workspace
+    (entry_traces_h200_torch2.11_20261128_s26.tar.gz)."""
+    xl = _Layout.of(x)
+    if x.dim() == 3:
+        return xl.copy_bytes(torch.contiguous_format)
+    return xl.copy_bytes(_cudnn_format(xl, _Layout.of(w)))
+
+
+@dataclass(frozen=True)
+class ConvBackwardCopies:
+    """The copies a CUDA convolution's backward makes, in bytes (0: none), in the three places it makes them."""
+
+    before: tuple[int, int]
+    """Before the gradients, held until the op returns: the input's copy, then the output gradient's."""
+    data: int
+    """The output gradient's copy the input's gradient takes (after it is allocated), freed after its call."""
+    weight: tuple[int, int]
+    """The output gradient's and the input's copies the weight's gradient takes (before it), freed after its call."""
+
+
+def conv_backward_copies(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, input_grad: bool,
+                         weight_grad: bool) -> ConvBackwardCopies:
+    """Where and how large the copies of a CUDA convolution's backward are.
+
+    aten/src/ATen/native/Convolution.cpp, ``convolution_backward``: a 1-D input is made ``contiguous()``; cuDNN gets
+    ``input.contiguous(backend_memory_format)`` when the weight's gradient is wanted. cudnn/ConvShared.cpp:
+    ``grad_output.to(input.suggest_memory_format())`` (a copy only where the two suggest different layouts), then
+    ``cudnn_convolution_backward_input`` takes ``grad_output.contiguous(format)`` after allocating the input's
+    gradient, and ``cudnn_convolution_backward_weight`` ``grad_output.contiguous(layout)`` and
+    ``input.contiguous(layout)`` before the weight's. The H200 stream of Data2Vec-Audio (``conv_input_copy_bytes``)
+    shows the input's copy, then the gradient's, before the input's gradient; a U-Net's gradients are channel slices
+    of a concatenation's, which only the two inner calls copy."""
+    xl, wl, gl = _Layout.of(x), _Layout.of(w), _Layout.of(grad)
+    first = 0
+    if x.dim() == 3:
+        first = xl.copy_bytes(torch.contiguous_format)
+        xl = xl.laid_out(torch.contiguous_format)
+    xl, wl, gl = xl.as_2d(), wl.as_2d(), gl.as_2d()
+    if weight_grad and x.dim() != 3:
+        first = xl.copy_bytes(_cudnn_format(xl, wl))
+        xl = xl.laid_out(_cudnn_format(xl, wl)) if first else xl
+    moved = gl.nbytes if gl.suggested() != xl.suggested() else 0
+    gl = gl.laid_out(xl.suggested()) if moved else gl
+    data = gl.copy_bytes(_cudnn_format(gl, wl)) if input_grad else 0
+    layout = _cudnn_format(xl, gl)
+    weight = (gl.copy_bytes(layout), xl.copy_bytes(layout)) if weight_grad else (0, 0)
+    return ConvBackwardCopies(before=(first, moved), data=data, weight=weight)
+
+
 def layer_norm_copy_bytes(name: str, args: Any) -> int:
     """The contiguous copy the CUDA layer norm makes of a permuted input (ConvNeXt, Swin, a ViT's residual
-    stream after nn.MultiheadAttention) before its outputs, freed when it returns; 0 when there is none."""
-    return contiguous_copy_bytes(args[0]) if name == "native_layer_norm" else 0
+    stream after nn.MultiheadAttention, a speech encoder's (B, C, T) features) before its outputs, freed when it
+    returns; 0 when there is none. Forward and backward alike (aten/src/ATen/native/cuda/layer_norm_kernel.cu:
+    ``X = input.expect_contiguous()`` before ``Y``/``dX`` is allocated)."""
+    if name == "native_layer_norm":
+        return contiguous_copy_bytes(args[0])
+    if name == "native_layer_norm_backward":
+        return contiguous_copy_bytes(args[1])
+    return 0
 
 
 def kernel_transients(name: str, args: Any, out: Any, gpu: GpuSpec) -> list[int]:
@@ -100,7 +258,10 @@ def kernel_transients(name: str, args: Any, out: Any, gpu: GpuSpec) -> list[int]
 def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
     """Scratch memory a CUDA kernel takes as one block and gives back inside one op."""
     if name == "native_layer_norm_backward":
-        return contiguous_copy_bytes(args[1])  # of a permuted input (ConvNeXt, Swin)
+        # the kernel's contiguous copy of a permuted output gradient, after dX (the input's copy comes before it:
+        # layer_norm_copy_bytes). An H200 stream of Data2Vec-Audio (both permuted): input copy, dX, this, each
+        # the input's size, the two copies freed when the op returns (entry_traces_h200_torch2.11_20261128_s26)
+        return contiguous_copy_bytes(args[0])
     if name in ("sum", "mean") and isinstance(out, torch.Tensor) and args[0].is_floating_point():
         x = args[0]
         dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
@@ -111,7 +272,12 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
         # one intermediate per rolled dimension but the last
         return max(len(args[2]) - 1, 0) * x.numel() * x.element_size() if len(args) > 2 else 0
     if name.startswith("upsample_") and name.endswith("_backward"):
-        return args[0].numel() * args[0].element_size()
+        # the kernels' grad_output.contiguous() (aten/src/ATen/native/cuda/UpSampleNearest2d.cu,
+        # UpSampleBilinear2d.cu): a copy of a channel slice of a concatenation's gradient (smp's U-Net decoder: a
+        # block the size of the output gradient on an H200, transients_h200_20261126.json), none of a contiguous
+        # one (DeepLabV3's logits upsampled into the loss: no such block in the H200 stream of the third fresh
+        # draw's DeepLabV3-MobileNetV3, entry_traces_h200_torch2.11_20261128_s26.tar.gz)
+        return contiguous_copy_bytes(args[0])
     if name in ("_scaled_dot_product_flash_attention_for_cpu_backward",
                 "_scaled_dot_product_efficient_attention_backward"):
         # the memory-efficient kernel's backward took the same (fp32 nn.MultiheadAttention: two query-sized

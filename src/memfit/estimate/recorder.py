@@ -372,6 +372,8 @@ class Recorder(tp.TorchDispatchMode):
                 out = func(*args, **kwargs)
             if name == "_scaled_dot_product_flash_attention_for_cpu_backward" and not self.real:
                 out = kernel_scratch.cuda_attention_grads(out, args[1:4])
+            if name == "native_layer_norm_backward" and not self.real:
+                out = kernel_scratch.cuda_layer_norm_grads(out)
         except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
             out = values.sized_from_known(func, name, args, kwargs)
             if out is not None:  # its size depends on values that are known: a fake output of the real size
@@ -434,23 +436,45 @@ class Recorder(tp.TorchDispatchMode):
                           selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
         if name == "convolution":
+            copy_bytes = kernel_scratch.conv_input_copy_bytes(args[0], args[1])
+            copy = self._alloc(copy_bytes, "convolution_scratch", (), "uint8", "workspaces") if copy_bytes else None
             self.track(out, name)
             self._transient(kernel_scratch.conv_workspace(self.trace, self._where_conv(), args[0], args[1], out,
                                                           args[3], args[6], args[8]))
+            if copy is not None:
+                self._free(copy)
             return out
         if name == "convolution_backward":
             # measured: one layout-conversion block per backward (the data and filter calls share it), sized
-            # like the forward one (benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json, bwd_ws)
-            for t in out:
-                if t is not None:
-                    self.track(t, name)
-            if out[0] is not None or out[1] is not None:
+            # like the forward one (benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json,
+            # bwd_ws), taken by the last of the two calls; the copies of permuted or sliced tensors where
+            # kernel_scratch.conv_backward_copies says the source makes them
+            grad_input, grad_weight, grad_bias = out
+            copies = kernel_scratch.conv_backward_copies(args[0], args[1], args[2], input_grad=grad_input is not None,
+                                                         weight_grad=grad_weight is not None)
+            workspace = 0
+            if grad_input is not None or grad_weight is not None:
                 where = self._where_conv()
                 layout = kernel_scratch.conv_workspace(self.trace, where, args[1], args[2], args[0], args[4], args[7],
                                                        args[9], backward=True)
                 narrow = kernel_scratch.narrow_dgrad_workspace(self.trace, where, args[1], args[2], args[4], args[6],
-                                                               args[7], args[9]) if out[0] is not None else 0
-                self._transient(max(layout, narrow))
+                                                               args[7], args[9]) if grad_input is not None else 0
+                workspace = max(layout, narrow)
+            held = self._scratch(copies.before, name)
+            if grad_input is not None:
+                self.track(grad_input, name)
+                inner = self._scratch((copies.data,), name)
+                if grad_weight is None:
+                    self._transient(workspace)
+                self._release(inner)
+            if grad_weight is not None:
+                inner = self._scratch(copies.weight, name)
+                self.track(grad_weight, name)
+                self._transient(workspace)
+                self._release(inner)
+            if grad_bias is not None:
+                self.track(grad_bias, name)
+            self._release(held)
             return out
         if self._accumulate_in_place(name, args, kwargs, out) or self._index_put_in_place(name, args, kwargs, out):
             return out
@@ -458,24 +482,34 @@ class Recorder(tp.TorchDispatchMode):
         order = kernel_scratch.ALLOCATION_ORDER.get(name)
         if order is not None and len(outputs) == len(order):
             outputs = [outputs[i] for i in order]
-        # layer_norm_cuda: X = input.expect_contiguous() comes before the outputs and goes when the op returns (a
-        # frozen ViT-B/16's stream, fit-side probe s1327_frozen_cnn_r501: the copy taken after the outputs packed
-        # its blocks otherwise and put its cap 4 % low). Backward keeps the copy after its outputs (fit probe
-        # s1327_tv_cls_03, a ViT: 0.2 % nearer its stream's cap so)
+        # layer_norm_cuda and its backward: X = input.expect_contiguous() comes before the outputs and goes when the
+        # op returns, after the kernel's own scratch (a frozen ViT-B/16's stream, fit-side probe
+        # s1327_frozen_cnn_r501: the copy taken after the outputs packed its blocks otherwise and put its cap 4 %
+        # low; the backward's order is the H200 stream of Data2Vec-Audio's: X's copy, dX, dY's copy, freed in
+        # reverse, entry_traces_h200_torch2.11_20261128_s26.tar.gz)
         copy_bytes = kernel_scratch.layer_norm_copy_bytes(name, args)
         copy = self._alloc(copy_bytes, f"{name}_scratch", (), "uint8", "workspaces") if copy_bytes else None
         for t in outputs:
             self.track(t, name)
-        if copy is not None:
-            self._free(copy)
         if name in kernel_scratch.CUBLAS_OPS:
             # inside the op: the structured kernel allocates the output, then the cuBLAS call takes its workspace
             self._maybe_cublas_workspace()
         self._transients(kernel_scratch.kernel_transients(name, args, out, self.gpu), f"{name}_scratch")
+        if copy is not None:
+            self._free(copy)
         return out
 
     def _where_conv(self) -> str:
         return self.module_stack[-1] if self.module_stack else "a convolution"
+
+    def _scratch(self, sizes: tuple[int, ...], op: str) -> list[int]:
+        """Blocks a kernel takes for a while inside one op (the non-zero ``sizes``, in order): their keys."""
+        return [self._alloc(n, f"{op}_scratch", (), "uint8", "workspaces") for n in sizes if n > 0]
+
+    def _release(self, keys: list[int]) -> None:
+        """Gives back what ``_scratch`` took, in reverse order (C++ locals going out of scope)."""
+        for key in reversed(keys):
+            self._free(key)
 
     def _transients(self, sizes: list[int], op: str) -> None:
         """Blocks a kernel takes one after another and gives back in reverse order (C++ locals going out of scope)
