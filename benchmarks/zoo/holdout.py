@@ -33,6 +33,7 @@ from recipes import (  # noqa: E402
     hf_loss,
     images,
     lm_forward,
+    sgd,
     sum_of_losses,
     timm_entry,
     tokens,
@@ -50,8 +51,7 @@ LIBRARY = "holdout"
 HOLDOUT = "holdout"
 
 
-def _sgd(p: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)
+_sgd = sgd(nesterov=True)
 
 
 # --- timm ---------------------------------------------------------------------------------------------------------

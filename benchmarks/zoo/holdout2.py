@@ -35,6 +35,7 @@ from recipes import (  # noqa: E402
     images,
     lm_forward,
     seq2seq_batch,
+    sgd,
     sum_of_losses,
     timm_entry,
     tokens,
@@ -48,8 +49,7 @@ LIBRARY = "holdout2"
 HOLDOUT2 = "holdout2"
 
 
-def _sgd(p: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4)
+_sgd = sgd(nesterov=False)
 
 
 # --- timm ---------------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from recipes import (  # noqa: E402
     detection_batch,
     hf_loss,
     seq2seq_batch,
+    sgd,
     sum_of_losses,
     timm_entry,
 )
@@ -46,8 +47,7 @@ LIBRARY = "holdout3"
 HOLDOUT3 = "holdout3"
 
 
-def _sgd(p: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)
+_sgd = sgd(nesterov=True)
 
 
 # --- timm ---------------------------------------------------------------------------------------------------------

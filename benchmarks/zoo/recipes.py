@@ -166,6 +166,11 @@ def sum_of_losses(out: dict[str, torch.Tensor], batch: Any) -> torch.Tensor:
     return sum(out.values())  # type: ignore[return-value]
 
 
+def sgd(*, nesterov: bool) -> Callable[[Any], torch.optim.Optimizer]:
+    """``params -> SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)``: the ImageNet recipe the zoo's CNNs use."""
+    return lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=nesterov)
+
+
 def adamw(lr: float = 1e-3, wd: float = 0.05) -> Callable[[Any], torch.optim.Optimizer]:
     """``params -> AdamW(params, lr, weight_decay=wd)``."""
     return lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=wd)

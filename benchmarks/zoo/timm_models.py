@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import ce, images  # noqa: E402
+from recipes import ce, images, sgd  # noqa: E402
 from recipes import timm_model as _timm
 
 from memfit import Workload  # noqa: E402
@@ -21,8 +21,7 @@ from memfit import Workload  # noqa: E402
 LIBRARY = "timm"
 
 
-def _sgd(p: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)
+_sgd = sgd(nesterov=True)
 
 
 def _adamw(p: Any) -> torch.optim.Optimizer:

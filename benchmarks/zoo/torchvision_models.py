@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import ce, detection_batch, images, sum_of_losses  # noqa: E402
+from recipes import ce, detection_batch, images, sgd, sum_of_losses  # noqa: E402
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -23,8 +23,7 @@ from memfit import Workload  # noqa: E402
 LIBRARY = "torchvision"
 
 
-def _sgd(p: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4)
+_sgd = sgd(nesterov=False)
 
 
 def _adamw(p: Any) -> torch.optim.Optimizer:
