@@ -22,9 +22,11 @@ from memfit.estimate.gpus import GpuSpec
 if TYPE_CHECKING:
     from memfit.estimate.trace_record import Trace
 
-__all__ = ["ALLOCATION_ORDER", "CUBLAS_OPS", "ConvBackwardCopies", "contiguous_copy_bytes", "conv_backward_copies", "conv_input_copy_bytes",
-           "conv_workspace", "cuda_attention_grads", "cuda_layer_norm_grads", "kernel_transients", "layer_norm_copy_bytes",
-           "narrow_dgrad_workspace"]
+__all__ = [
+    "ALLOCATION_ORDER", "CUBLAS_OPS", "ConvBackwardCopies", "contiguous_copy_bytes", "conv_backward_copies",
+    "conv_input_copy_bytes", "conv_workspace", "cuda_attention_grads", "cuda_layer_norm_grads", "kernel_transients",
+    "layer_norm_copy_bytes", "narrow_dgrad_workspace",
+]
 
 
 # ops served by cuBLAS/cuBLASLt on CUDA: their first call on a thread allocates the handle's workspace

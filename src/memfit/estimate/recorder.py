@@ -12,6 +12,7 @@ values a step reads (``memfit.estimate.step_values``), and each op's cost for th
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -436,13 +437,11 @@ class Recorder(tp.TorchDispatchMode):
                           selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
         if name == "convolution":
-            copy_bytes = kernel_scratch.conv_input_copy_bytes(args[0], args[1])
-            copy = self._alloc(copy_bytes, "convolution_scratch", (), "uint8", "workspaces") if copy_bytes else None
+            copy = self._scratch((kernel_scratch.conv_input_copy_bytes(args[0], args[1]),), f"{name}_scratch")
             self.track(out, name)
             self._transient(kernel_scratch.conv_workspace(self.trace, self._where_conv(), args[0], args[1], out,
                                                           args[3], args[6], args[8]))
-            if copy is not None:
-                self._free(copy)
+            self._release(copy)
             return out
         if name == "convolution_backward":
             # measured: one layout-conversion block per backward (the data and filter calls share it), sized
@@ -460,15 +459,15 @@ class Recorder(tp.TorchDispatchMode):
                 narrow = kernel_scratch.narrow_dgrad_workspace(self.trace, where, args[1], args[2], args[4], args[6],
                                                                args[7], args[9]) if grad_input is not None else 0
                 workspace = max(layout, narrow)
-            held = self._scratch(copies.before, name)
+            held = self._scratch(copies.before, f"{name}_scratch")
             if grad_input is not None:
                 self.track(grad_input, name)
-                inner = self._scratch((copies.data,), name)
+                inner = self._scratch((copies.data,), f"{name}_scratch")
                 if grad_weight is None:
                     self._transient(workspace)
                 self._release(inner)
             if grad_weight is not None:
-                inner = self._scratch(copies.weight, name)
+                inner = self._scratch(copies.weight, f"{name}_scratch")
                 self.track(grad_weight, name)
                 self._transient(workspace)
                 self._release(inner)
@@ -487,34 +486,26 @@ class Recorder(tp.TorchDispatchMode):
         # s1327_frozen_cnn_r501: the copy taken after the outputs packed its blocks otherwise and put its cap 4 %
         # low; the backward's order is the H200 stream of Data2Vec-Audio's: X's copy, dX, dY's copy, freed in
         # reverse, entry_traces_h200_torch2.11_20261128_s26.tar.gz)
-        copy_bytes = kernel_scratch.layer_norm_copy_bytes(name, args)
-        copy = self._alloc(copy_bytes, f"{name}_scratch", (), "uint8", "workspaces") if copy_bytes else None
+        copy = self._scratch((kernel_scratch.layer_norm_copy_bytes(name, args),), f"{name}_scratch")
         for t in outputs:
             self.track(t, name)
         if name in kernel_scratch.CUBLAS_OPS:
             # inside the op: the structured kernel allocates the output, then the cuBLAS call takes its workspace
             self._maybe_cublas_workspace()
-        self._transients(kernel_scratch.kernel_transients(name, args, out, self.gpu), f"{name}_scratch")
-        if copy is not None:
-            self._free(copy)
+        self._release(self._scratch(kernel_scratch.kernel_transients(name, args, out, self.gpu), f"{name}_scratch"))
+        self._release(copy)
         return out
 
     def _where_conv(self) -> str:
         return self.module_stack[-1] if self.module_stack else "a convolution"
 
-    def _scratch(self, sizes: tuple[int, ...], op: str) -> list[int]:
-        """Blocks a kernel takes for a while inside one op (the non-zero ``sizes``, in order): their keys."""
-        return [self._alloc(n, f"{op}_scratch", (), "uint8", "workspaces") for n in sizes if n > 0]
+    def _scratch(self, sizes: Sequence[int], op: str) -> list[int]:
+        """Blocks a kernel takes one after another inside one op (the non-zero ``sizes``, in order): their keys,
+        for ``_release`` when the kernel gives them back."""
+        return [self._alloc(n, op, (), "uint8", "workspaces") for n in sizes if n > 0]
 
     def _release(self, keys: list[int]) -> None:
         """Gives back what ``_scratch`` took, in reverse order (C++ locals going out of scope)."""
-        for key in reversed(keys):
-            self._free(key)
-
-    def _transients(self, sizes: list[int], op: str) -> None:
-        """Blocks a kernel takes one after another and gives back in reverse order (C++ locals going out of scope)
-        before the op returns."""
-        keys = [self._alloc(n, op, (), "uint8", "workspaces") for n in sizes]
         for key in reversed(keys):
             self._free(key)
 
