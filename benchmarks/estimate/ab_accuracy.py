@@ -17,25 +17,23 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
-_KEYS = ("peak_allocated_bytes", "fits_in_bytes", "fits_in_upper_bytes")
+sys.path.insert(0, str(BENCH))
+
+from estimate_time import _run  # noqa: E402
 
 
 def _estimate(src: str, spec: str, gpu: str) -> dict:
-    paths = [str(Path(src).resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
-    proc = subprocess.run([sys.executable, "-m", "memfit.cli", "estimate", spec, "--json", "--gpu", gpu],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
-    est = json.loads(proc.stdout)
-    return {k: est.get(k) for k in _KEYS}
+    """One fresh ``memfit estimate`` process (``estimate_time._run``, which also times it); a failure is a row."""
+    try:
+        return _run(src, spec, spec, gpu)
+    except SystemExit as exc:
+        return {"error": str(exc)}
 
 
 def _measured(name: str, folders: list[str]) -> dict | None:
