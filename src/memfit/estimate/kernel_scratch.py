@@ -274,12 +274,14 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
         # one intermediate per rolled dimension but the last
         return max(len(args[2]) - 1, 0) * x.numel() * x.element_size() if len(args) > 2 else 0
     if name.startswith("upsample_") and name.endswith("_backward"):
-        # the kernels' grad_output.contiguous() (aten/src/ATen/native/cuda/UpSampleNearest2d.cu,
-        # UpSampleBilinear2d.cu): a copy of a channel slice of a concatenation's gradient (smp's U-Net decoder: a
-        # block the size of the output gradient on an H200, transients_h200_20261126.json), none of a contiguous
-        # one (DeepLabV3's logits upsampled into the loss: no such block in the H200 stream of the third fresh
-        # draw's DeepLabV3-MobileNetV3, entry_traces_h200_torch2.11_20261128_s26.tar.gz)
-        return contiguous_copy_bytes(args[0])
+        # a block the size of the output gradient (smp's U-Net decoder on an H200, transients_h200_20261126.json,
+        # where that gradient is a channel slice of a concatenation's: the kernels' grad_output.contiguous(),
+        # aten/src/ATen/native/cuda/UpSampleNearest2d.cu). Charged for a contiguous gradient too, though the H200
+        # streams of DeepLabV3-MobileNetV3 and smp's MAnet show none there
+        # (entry_traces_h200_torch2.11_20261128_s26*.tar.gz): without it, MAnet's replay under a cap fits 5 % below
+        # what the GPU needs (the GPU ran out under caps where the replay, skipping cuDNN workspaces, still ran;
+        # issue 13's note), so the block stays until the capped replay is mended
+        return args[0].numel() * args[0].element_size()
     if name in ("_scaled_dot_product_flash_attention_for_cpu_backward",
                 "_scaled_dot_product_efficient_attention_backward"):
         # the memory-efficient kernel's backward took the same (fp32 nn.MultiheadAttention: two query-sized
