@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -223,6 +223,45 @@ def test_the_uncapped_peak_reserved_always_fits(seed: int) -> None:
     assert replay(events, capacity_bytes=cap - granularity).oom_index is not None
 
 
+def _random_stream(seed: int, count: int = 40) -> list[tuple[int, int, int]]:
+    """Requests of 2-80 MiB, each followed by frees of random live ones."""
+    rng = random.Random(seed)
+    events, live = [], []
+    for key in range(count):
+        events.append((A, key, rng.choice([rng.randrange(2 * MiB, 12 * MiB), rng.randrange(12 * MiB, 80 * MiB)])))
+        live.append(key)
+        while live and rng.random() < 0.5:
+            events.append((F, live.pop(rng.randrange(len(live))), 0))
+    return events
+
+
+@pytest.mark.parametrize("walk", [16, 1, 0], ids=["walked", "probed-after-one", "probed"])
+def test_a_larger_cap_that_runs_out_of_memory_raises_the_answer(walk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # under 498 MiB this stream flushes a cached segment that 500-518 MiB keep, split, and then find no room beside;
+    # bisection alone stops at 498, below caps that fail. Found by the walk, and by the probes its budget falls
+    # back to
+    monkeypatch.setattr(importlib.import_module("memfit.estimate.allocator"), "WALK_REPLAYS", walk)
+    events = _random_stream(47)
+    assert replay(events, capacity_bytes=498 * MiB).oom_index is None
+    assert all(replay(events, capacity_bytes=c * MiB).oom_index is not None for c in range(500, 520, 2))
+    assert smallest_fitting_capacity(events) == 520 * MiB
+
+
+@pytest.mark.parametrize("config", [AllocatorConfig(), AllocatorConfig(garbage_collection_threshold=0.6)],
+                         ids=["walked", "probed"])
+@pytest.mark.parametrize("seed", range(0, 400, 10))
+def test_every_cap_above_the_answer_runs(seed: int, config: AllocatorConfig) -> None:
+    # 8 of the first 400 such streams fit under some cap below one that fails (47, 66, 100, ... with no
+    # garbage collection); a GPU with more memory than the answer must fit too
+    events = _random_stream(seed)
+    granularity = 2 * MiB
+    cap = smallest_fitting_capacity(events, config, granularity_bytes=granularity)
+    top = -(-replay(events, config).peak_reserved_bytes // granularity) * granularity
+    for above in range(cap, top + granularity, granularity):
+        assert replay(events, config, capacity_bytes=above).oom_index is None, above
+    assert replay(events, config, capacity_bytes=cap - granularity).oom_index is not None
+
+
 # -- expandable segments ----------------------------------------------------------------------------------------
 
 
@@ -392,13 +431,11 @@ def synthetic_training_stream(n_events: int, seed: int = 0) -> list[tuple[int, i
     return events
 
 
-def test_replay_speed() -> None:
+def test_a_long_stream_replays_to_its_end() -> None:
+    # 100k events (a long training step); how long it takes is the module docstring's, measured, not asserted
     events = synthetic_training_stream(100_000)
-    start = time.perf_counter()
     result = replay(events)
-    elapsed = time.perf_counter() - start
-    assert result.peak_reserved_bytes >= result.peak_allocated_bytes
-    assert elapsed < 2.0, f"replay of {len(events)} events took {elapsed:.2f} s"
+    assert result.oom_index is None and result.peak_reserved_bytes >= result.peak_allocated_bytes > 0
 
 
 # -- real GPU traces (benchmarks/record_allocator_traces.py) ----------------------------------------------------

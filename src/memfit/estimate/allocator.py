@@ -15,7 +15,9 @@ addresses, "below" matches peak reserved on 10 of 12 recorded runs, "above" on 8
 
 Speed, measured on a 2-core AMD EPYC VM with CPython 3.11 on the 101k-event synthetic training stream of
 ``tests/test_allocator.py``: one replay 0.27 s (expandable segments 0.45 s); ``smallest_fitting_capacity``
-(~10 replays) 3.2 s / 2.7 s.
+(~10 replays) 3.2 s / 2.7 s. Since session 27 it also walks the caps above its bisection's answer (a larger cap can
+run out of memory where a smaller one ran): a median of 18 more replays on the zoo's steps, 16 at most before it
+probes 12 more (``benchmarks/results/estimate/monotone_caps_*``).
 
 Example:
     >>> events = [(+1, 0, 10 * 2**20 + 2**19), (+1, 1, 4096), (-1, 0, 0)]
@@ -27,7 +29,7 @@ Example:
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from memfit.errors import UsageError
@@ -173,6 +175,10 @@ class CachingAllocator:
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_segments = 0
+        self.lowest_refused_bytes = _UNLIMITED
+        """The least reserved + segment size of any cudaMalloc the cap refused. Every cap from the one in force up to
+        (not including) this refuses the same requests and so runs the same, unless garbage collection is on (its
+        threshold is a fraction of the cap)."""
 
     # -- public API ---------------------------------------------------------------------------------------------
 
@@ -320,6 +326,7 @@ class CachingAllocator:
             self.num_alloc_retries += 1
         # the cap test uses alloc_size even for expandable segments, which then map only what they need
         if self.capacity_bytes is not None and self.reserved_bytes + alloc_size > self.capacity_bytes:
+            self.lowest_refused_bytes = min(self.lowest_refused_bytes, self.reserved_bytes + alloc_size)
             return None
         if self._expandable:
             return self._allocate_expandable(pool, size)
@@ -602,6 +609,12 @@ def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int
     Returns:
         The peaks, and where the stream ran out of memory under the cap (replay stops there).
     """
+    return _replay(events, config, capacity_bytes, segment_addresses)[0]
+
+
+def _replay(events: Iterable[tuple[int, int, int]], config: AllocatorConfig, capacity_bytes: int | None,
+            segment_addresses: Sequence[int] | None) -> tuple[Replay, int]:
+    """``replay``, and the allocator's ``lowest_refused_bytes`` at the end."""
     sim = CachingAllocator(config, capacity_bytes=capacity_bytes, segment_addresses=segment_addresses)
     malloc = sim.malloc
     free = sim.free
@@ -636,17 +649,20 @@ def replay(events: Sequence[tuple[int, int, int]] | Iterable[tuple[int, int, int
         peak_allocated_index=peak_index,
         oom_index=oom_index,
         num_alloc_retries=sim.num_alloc_retries,
-    )
+    ), sim.lowest_refused_bytes
 
 
 def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: AllocatorConfig = AllocatorConfig(),
                               *, granularity_bytes: int = 2 * MiB,
                               segment_addresses: Sequence[int] | None = None) -> int:
-    """The smallest memory cap, a multiple of ``granularity_bytes``, at which ``events`` replay without OOM.
+    """The smallest memory cap, a multiple of ``granularity_bytes``, at and above which ``events`` replay without OOM.
 
     This is what ``torch.cuda.set_per_process_memory_fraction(cap / total_memory)`` would need. Under a cap the
     allocator flushes its cache instead of growing, so the answer is usually below the uncapped peak reserved.
-    Bisection assumes that a larger cap never hurts, which holds for all but contrived streams.
+    A larger cap can still run out of memory where a smaller one ran: it keeps cached segments that a smaller cap
+    would have flushed, later requests split them, and a large request then finds no room (Swin3D-T's H200 stream
+    ran under a 6.26 GB cap and ran out under 6.45-6.60 GB). So the bisection's answer is checked from above
+    (``_above_every_failing_cap``): a GPU with more memory than the answer must fit too.
     ``segment_addresses``: as for ``replay`` (a recorded stream's cudaMalloc bases), for every replay it runs.
     """
     if granularity_bytes <= 0:
@@ -656,9 +672,8 @@ def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: Al
     if uncapped.peak_reserved_bytes == 0:
         return 0
 
-    def fits(steps: int) -> bool:
-        return replay(events, config, capacity_bytes=steps * granularity_bytes,
-                      segment_addresses=segment_addresses).oom_index is None
+    runs = _CappedRuns(events, config, segment_addresses, granularity_bytes)
+    fits = runs.fits
 
     # Upper end: a cap at or above the uncapped peak reserved never refuses a cudaMalloc, so the capped run is the
     # uncapped one and fits, unless expandable segments test the cap with more than they map, or a cap turns on
@@ -669,14 +684,109 @@ def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: Al
         while not fits(hi):
             hi += grow
             grow *= 2
+    top = hi
     # Lower end: reserved never drops below allocated, so a cap under the allocated peak cannot fit.
     lo = max(uncapped.peak_allocated_bytes // granularity_bytes - 1, 0)
     if lo > 0 and fits(lo):
         lo = 0
-    while hi - lo > 1:  # invariant: lo fails (or is 0), hi fits
+    answer = _bisect(fits, lo, hi)
+    if config.garbage_collection_threshold > 0.0:
+        return _above_every_failing_cap(fits, answer, top) * granularity_bytes
+    return _above_every_failing_cap_exactly(runs, answer, top) * granularity_bytes
+
+
+def _bisect(fits: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The smallest step in (lo, hi] that fits, given that ``lo`` fails (or is 0) and ``hi`` fits, if fitting were
+    monotone; it is not always (``smallest_fitting_capacity``)."""
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid):
             hi = mid
         else:
             lo = mid
-    return hi * granularity_bytes
+    return hi
+
+
+class _CappedRuns:
+    """Replays of one stream under caps that are multiples of ``granularity_bytes`` (``steps``), remembered as the
+    ranges of caps they stand for: a capped replay runs the same under every cap up to the least one that would
+    grant a cudaMalloc it refused (``CachingAllocator.lowest_refused_bytes``; not with garbage collection on)."""
+
+    def __init__(self, events: Sequence[tuple[int, int, int]], config: AllocatorConfig,
+                 segment_addresses: Sequence[int] | None, granularity_bytes: int) -> None:
+        self._events, self._config, self._addresses = events, config, segment_addresses
+        self._granularity = granularity_bytes
+        self._runs: list[tuple[int, int, bool]] = []  # (first step, first step that may run otherwise, fits)
+
+    def run(self, steps: int) -> tuple[bool, int]:
+        """Whether ``steps`` fits, and the first step above it that may run otherwise."""
+        for first, changes, fits in self._runs:
+            if first <= steps < changes:
+                return fits, changes
+        result, refused = _replay(self._events, self._config, steps * self._granularity, self._addresses)
+        # with garbage collection on, whose threshold is a fraction of the cap, a run stands for its own cap only
+        changes = steps + 1 if self._config.garbage_collection_threshold > 0.0 else max(
+            -(-refused // self._granularity), steps + 1)
+        self._runs.append((steps, changes, result.oom_index is None))
+        return result.oom_index is None, changes
+
+    def fits(self, steps: int) -> bool:
+        return self.run(steps)[0]
+
+    def known(self, steps: int) -> bool:
+        """Whether a replay already stands for ``steps``."""
+        return any(first <= steps < changes for first, changes, _ in self._runs)
+
+
+WALK_REPLAYS = 16
+"""Replays the walk above the bisection's answer may take (``_above_every_failing_cap_exactly``); past them the rest
+of the range is probed (``_above_every_failing_cap``). Near the uncapped peak the runs change at nearly every cap (a
+small pool's 2 MiB segment refused one cap, granted the next): Swin2SR's stream (45k events) took 48 replays there,
+all of which ran, 4.6 s on the 2-core CPU; the walks of 53 zoo steps took a median of 18 (monotone_caps_*)."""
+
+
+def _above_every_failing_cap_exactly(runs: _CappedRuns, answer: int, top: int) -> int:
+    """``answer`` (which fits), raised above every step in (answer, top) that fails: the runs are walked upwards from
+    one change to the next, so every cap is covered, at one replay per change (none for those the bisection ran),
+    for ``WALK_REPLAYS``; the rest of the range is then probed."""
+    step = answer
+    fitting: int | None = answer
+    replays = 0
+    while step < top:
+        if replays == WALK_REPLAYS:
+            # the budget is spent: every step from ``fitting`` to here fits (or the one below here failed); probe the
+            # rest (the probes below ``step`` are answered by the walk's runs)
+            if fitting is None:
+                fitting = _bisect(runs.fits, step - 1, top)
+            return _above_every_failing_cap(runs.fits, fitting, top)
+        known = runs.known(step)
+        fits, changes = runs.run(step)
+        replays += not known
+        if not fits:
+            fitting = None
+        elif fitting is None:
+            fitting = step
+        step = changes
+    return fitting if fitting is not None else top
+
+
+ABOVE_PROBES = 12
+"""With garbage collection on, the caps tried between the bisection's answer and the uncapped peak reserved, evenly
+spaced (then again, closer, below any that fails): out-of-memory windows narrower than the spacing go unseen."""
+
+
+def _above_every_failing_cap(fits: Callable[[int], bool], answer: int, top: int) -> int:
+    """``answer`` (which fits), raised above the highest cap in (answer, top) that fails, as far as ``ABOVE_PROBES``
+    evenly spaced caps, and then the same closer below the first that fits above a failure, can tell."""
+    while top - answer > 1:
+        spacing = max((top - answer) // (ABOVE_PROBES + 1), 1)
+        passing = top
+        for probe in range(top - spacing, answer, -spacing):  # from the top down: the highest failure first
+            if not fits(probe):
+                answer = _bisect(fits, probe, passing)
+                top = passing
+                break
+            passing = probe
+        else:
+            return answer
+    return answer
