@@ -2,6 +2,7 @@
 
 import functools
 import gc
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -1375,3 +1376,56 @@ def test_cuda_copies_permuted_convolution_inputs_and_gradients_where_the_trace_d
         tp.record_memory_history(False)
     real = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
     assert (real.count(half), real.count(single)) == (traced.count(half), traced.count(single))
+
+
+class _ShiftedWindows(torch.nn.Module):
+    """A video Swin's cyclic shift: a roll over three dimensions of a (B, T, H, W, C) tensor, both ways."""
+
+    shape = (4, 6, 8, 16)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shifted = torch.roll(self.proj(x), shifts=(-2, -3, -3), dims=(1, 2, 3))
+        return torch.roll(shifted.relu(), shifts=(2, 3, 3), dims=(1, 2, 3))
+
+
+def test_a_roll_over_three_dimensions_takes_two_intermediates_before_its_output():
+    # roll_common rolls one dimension at a time into a new tensor: two input-sized blocks before the output, freed
+    # as the recursion returns (Swin3D-T's H200 stream); one block of twice the size packed its segments otherwise
+    w = Workload(model=_ShiftedWindows, batch=lambda n: (torch.randn(n, *_ShiftedWindows.shape),),
+                 loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                 batch_size=2)
+    trace = trace_workload(w, GPU, steps=1)
+    size = 2 * math.prod(_ShiftedWindows.shape) * 4
+    for phase in ("forward", "backward"):
+        stream = [(o, trace.allocs[k].op, trace.allocs[k].nbytes, k) for o, k in zip(trace.ops, trace.keys, strict=True)
+                  if trace.allocs[k].phase == phase]
+        rolls = [i for i, (o, op, _, _) in enumerate(stream) if o > 0 and op == "roll"]
+        assert len(rolls) == 2, phase
+        for at in rolls:
+            (_, a, na, ka), (_, b, nb, kb) = stream[at - 2], stream[at - 1]
+            assert (a, na, b, nb) == ("roll_scratch", size, "roll_scratch", size)
+            assert [(o, k) for o, _, _, k in stream[at + 1:at + 3]] == [(-1, kb), (-1, ka)]
+
+
+@pytest.mark.gpu
+def test_cuda_rolls_three_dimensions_through_two_intermediates():
+    from memfit import _torch_private as tp
+
+    x = torch.randn(2, *_ShiftedWindows.shape, device="cuda")
+    size = x.numel() * x.element_size()
+    torch.cuda.synchronize()
+    tp.record_memory_history(True)
+    try:
+        out = torch.roll(x, shifts=(-2, -3, -3), dims=(1, 2, 3))
+        torch.cuda.synchronize()
+        snap = tp.memory_snapshot()
+    finally:
+        tp.record_memory_history(False)
+    events = [(e["action"], e["size"]) for e in snap["device_traces"][0]
+              if e["action"] in ("alloc", "free_completed")]
+    assert events[-5:] == [("alloc", size)] * 3 + [("free_completed", size)] * 2
+    assert out.shape == x.shape

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALLOCATION_ORDER", "CUBLAS_OPS", "ConvBackwardCopies", "contiguous_copy_bytes", "conv_backward_copies",
-    "conv_input_copy_bytes", "conv_workspace", "cuda_attention_grads", "cuda_layer_norm_grads", "kernel_transients",
-    "layer_norm_copy_bytes", "narrow_dgrad_workspace",
+    "conv_input_copy_bytes", "conv_workspace", "cuda_attention_grads", "cuda_layer_norm_grads", "held_during_bytes",
+    "kernel_transients", "narrow_dgrad_workspace",
 ]
 
 
@@ -222,16 +222,25 @@ def conv_backward_copies(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *
     return ConvBackwardCopies(before=(first, moved), data=data, weight=weight)
 
 
-def layer_norm_copy_bytes(name: str, args: Any) -> int:
-    """The contiguous copy the CUDA layer norm makes of a permuted input (ConvNeXt, Swin, a ViT's residual
-    stream after nn.MultiheadAttention, a speech encoder's (B, C, T) features) before its outputs, freed when it
-    returns; 0 when there is none. Forward and backward alike (aten/src/ATen/native/cuda/layer_norm_kernel.cu:
-    ``X = input.expect_contiguous()`` before ``Y``/``dX`` is allocated)."""
+def held_during_bytes(name: str, args: Any) -> list[int]:
+    """Blocks an op takes before its outputs and gives back, in reverse order, when it returns; none for most.
+
+    * The CUDA layer norm's contiguous copy of a permuted input (ConvNeXt, Swin, a ViT's residual stream after
+      nn.MultiheadAttention, a speech encoder's (B, C, T) features), forward and backward alike
+      (aten/src/ATen/native/cuda/layer_norm_kernel.cu: ``X = input.expect_contiguous()`` before ``Y``/``dX``).
+    * ``roll`` over k > 1 dimensions: one roll per dimension, each into a new tensor the input's size
+      (TensorTransformations.cpp, roll_common: ``roll(roll(self, shifts[0], dims[0]), tail_shifts, tail_dims)``),
+      so k - 1 intermediates before the output, freed as the recursion returns (a Swin3D-T's H200 stream: two
+      blocks the input's size before each 3-D shift's output, entry_traces_h200_torch2.11_20261128_s26_r3.tar.gz).
+    """
     if name == "native_layer_norm":
-        return contiguous_copy_bytes(args[0])
+        return [b for b in (contiguous_copy_bytes(args[0]),) if b > 0]
     if name == "native_layer_norm_backward":
-        return contiguous_copy_bytes(args[1])
-    return 0
+        return [b for b in (contiguous_copy_bytes(args[1]),) if b > 0]
+    if name == "roll" and len(args) > 2 and len(args[2]) > 1:
+        x = args[0]
+        return [x.numel() * x.element_size()] * (len(args[2]) - 1)
+    return []
 
 
 def kernel_transients(name: str, args: Any, out: Any, gpu: GpuSpec) -> list[int]:
@@ -261,7 +270,7 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
     """Scratch memory a CUDA kernel takes as one block and gives back inside one op."""
     if name == "native_layer_norm_backward":
         # the kernel's contiguous copy of a permuted output gradient, after dX (the input's copy comes before it:
-        # layer_norm_copy_bytes). An H200 stream of Data2Vec-Audio (both permuted): input copy, dX, this, each
+        # held_during_bytes). An H200 stream of Data2Vec-Audio (both permuted): input copy, dX, this, each
         # the input's size, the two copies freed when the op returns (entry_traces_h200_torch2.11_20261128_s26)
         return contiguous_copy_bytes(args[0])
     if name in ("sum", "mean") and isinstance(out, torch.Tensor) and args[0].is_floating_point():
@@ -269,10 +278,6 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
         dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
         return ws.reduction_staging_bytes(x.shape, x.stride(), dims, x.element_size(), gpu.sm_count,
                                           ws.max_threads_per_sm(gpu.compute_capability))
-    if name == "roll":
-        x = args[0]
-        # one intermediate per rolled dimension but the last
-        return max(len(args[2]) - 1, 0) * x.numel() * x.element_size() if len(args) > 2 else 0
     if name.startswith("upsample_") and name.endswith("_backward"):
         # a block the size of the output gradient (smp's U-Net decoder on an H200, transients_h200_20261126.json,
         # where that gradient is a channel slice of a concatenation's: the kernels' grad_output.contiguous(),

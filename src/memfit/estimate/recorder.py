@@ -481,12 +481,13 @@ class Recorder(tp.TorchDispatchMode):
         order = kernel_scratch.ALLOCATION_ORDER.get(name)
         if order is not None and len(outputs) == len(order):
             outputs = [outputs[i] for i in order]
-        # layer_norm_cuda and its backward: X = input.expect_contiguous() comes before the outputs and goes when the
-        # op returns, after the kernel's own scratch (a frozen ViT-B/16's stream, fit-side probe
+        # blocks held during the op (kernel_scratch.held_during_bytes). layer_norm_cuda and its backward:
+        # X = input.expect_contiguous() comes before the outputs and goes when the op returns, after the kernel's
+        # own scratch (a frozen ViT-B/16's stream, fit-side probe
         # s1327_frozen_cnn_r501: the copy taken after the outputs packed its blocks otherwise and put its cap 4 %
         # low; the backward's order is the H200 stream of Data2Vec-Audio's: X's copy, dX, dY's copy, freed in
         # reverse, entry_traces_h200_torch2.11_20261128_s26.tar.gz)
-        copy = self._scratch((kernel_scratch.layer_norm_copy_bytes(name, args),), f"{name}_scratch")
+        copy = self._scratch(kernel_scratch.held_during_bytes(name, args), f"{name}_scratch")
         for t in outputs:
             self.track(t, name)
         if name in kernel_scratch.CUBLAS_OPS:
