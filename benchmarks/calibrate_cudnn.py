@@ -223,6 +223,37 @@ def conv_patchify_rows() -> list[dict]:
     return rows
 
 
+def conv_patchify_wgrad_rows() -> list[dict]:
+    """Patch embeddings as models train them: the image needs no gradient, so backward makes the filter gradient's
+    call alone (the first patchify grid measured both calls). 2-D (ViT 16² and 14² to 384-1024 filters, ConvNeXt's
+    and Swin's 4² stems to 96-128) and 3-D (Video Swin's 2 x 4² to 96 from 16 frames, a ViViT-style 2 x 16² tubelet to
+    768), fp32/bf16/fp16. A Video Swin-T's H200 stream (entry_traces_h200_torch2.11_20261128_s26_r3) took a 71.7 MB
+    block there, where the rule charged none."""
+    rows = []
+    cases = [((cout, (k, k)), (side, side), n) for (cout, k), side, n in itertools.product(
+        ((768, 16), (384, 16), (1024, 14), (96, 4), (128, 4)), (224,), (1, 8, 32, 64, 128))]
+    cases += [((cout, kernel), (16, side, side), n) for (cout, kernel), side, n in itertools.product(
+        ((96, (2, 4, 4)), (768, (2, 16, 16))), (224,), (1, 2, 4, 8))]
+    for ((cout, kernel), size, n), dname in itertools.product(cases, DTYPES):
+        dtype = DTYPES[dname]
+        dims = len(kernel)
+        try:
+            x = torch.randn(n, 3, *size, device="cuda", dtype=dtype)
+            w = torch.randn(cout, 3, *kernel, device="cuda", dtype=dtype, requires_grad=True)
+            conv = getattr(F, f"conv{dims}d")
+            y, fwd = _transient(lambda: conv(x, w, stride=kernel))  # noqa: B023, F821 (called at once)
+            gy = torch.randn_like(y)
+            _, wgrad = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: B023, F821
+            rows.append(dict(kind="conv", dims=dims, n=n, cin=3, cout=cout, k=list(kernel), stride=list(kernel),
+                             groups=1, transposed=False, size=list(size), dtype=dname, input_grad=False,
+                             in_bytes=x.numel() * x.element_size(), out_bytes=y.numel() * y.element_size(),
+                             w_bytes=w.numel() * w.element_size(), fwd_ws=fwd, wgrad_ws=wgrad))
+            del x, w, y, gy
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    return rows
+
+
 def conv_head_half_rows() -> list[dict]:
     """Half-precision 1x1 segmentation heads: a few feature channels to a small class count (2-D and 3-D), at the
     sizes U-Nets train at. A fit-side bf16 2-D U-Net (probe_cases.py, s1327_unet_r500: 32 -> 5 at 4 x 512²) took a
@@ -355,7 +386,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "estimate"))
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
-                                                "conv_patchify", "conv_head_half",
+                                                "conv_patchify", "conv_patchify_wgrad", "conv_head_half",
                                                 "conv_3d_half", "conv_3d_head_half", "lstm", "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
@@ -365,7 +396,8 @@ def main() -> None:
                 "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
                 "conv_pointwise_half": conv_pointwise_half_rows,
                 "conv_pointwise_small_half": conv_pointwise_small_half_rows, "conv_big_weight": conv_big_weight_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
-                "conv_patchify": conv_patchify_rows, "conv_head_half": conv_head_half_rows,
+                "conv_patchify": conv_patchify_rows, "conv_patchify_wgrad": conv_patchify_wgrad_rows,
+                "conv_head_half": conv_head_half_rows,
                 "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
