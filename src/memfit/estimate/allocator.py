@@ -16,8 +16,9 @@ addresses, "below" matches peak reserved on 10 of 12 recorded runs, "above" on 8
 Speed, measured on a 2-core AMD EPYC VM with CPython 3.11 on the 101k-event synthetic training stream of
 ``tests/test_allocator.py``: one replay 0.27 s (expandable segments 0.45 s); ``smallest_fitting_capacity``
 (~10 replays) 3.2 s / 2.7 s. Since session 27 it also walks the caps above its bisection's answer (a larger cap can
-run out of memory where a smaller one ran): a median of 18 more replays on the zoo's steps, 16 at most before it
-probes 12 more (``benchmarks/results/estimate/monotone_caps_*``).
+run out of memory where a smaller one ran): a median of 7 more replays on the zoo's 206 steps, 17 on the 47 of its
+second and third draws, 0 on the corpus's validation half; 16 at most before it probes 12 more
+(``benchmarks/results/estimate/monotone_caps_*_s27.jsonl``).
 
 Example:
     >>> events = [(+1, 0, 10 * 2**20 + 2**19), (+1, 1, 4096), (-1, 0, 0)]
@@ -742,7 +743,7 @@ WALK_REPLAYS = 16
 """Replays the walk above the bisection's answer may take (``_above_every_failing_cap_exactly``); past them the rest
 of the range is probed (``_above_every_failing_cap``). Near the uncapped peak the runs change at nearly every cap (a
 small pool's 2 MiB segment refused one cap, granted the next): Swin2SR's stream (45k events) took 48 replays there,
-all of which ran, 4.6 s on the 2-core CPU; the walks of 53 zoo steps took a median of 18 (monotone_caps_*)."""
+all of which ran, 5.6 s with the bisection on the 2-core CPU (``monotone_caps_zoo_h200_cpu_torch2.14_20261129_s27``)."""
 
 
 def _above_every_failing_cap_exactly(runs: _CappedRuns, answer: int, top: int) -> int:
