@@ -663,7 +663,7 @@ def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: Al
     A larger cap can still run out of memory where a smaller one ran: it keeps cached segments that a smaller cap
     would have flushed, later requests split them, and a large request then finds no room (Swin3D-T's H200 stream
     ran under a 6.26 GB cap and ran out under 6.45-6.60 GB). So the bisection's answer is checked from above
-    (``_above_every_failing_cap``): a GPU with more memory than the answer must fit too.
+    (``_above_every_failing_cap_exactly``): a GPU with more memory than the answer must fit too.
     ``segment_addresses``: as for ``replay`` (a recorded stream's cudaMalloc bases), for every replay it runs.
     """
     if granularity_bytes <= 0:
