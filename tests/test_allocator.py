@@ -262,6 +262,36 @@ def test_every_cap_above_the_answer_runs(seed: int, config: AllocatorConfig) -> 
     assert replay(events, config, capacity_bytes=cap - granularity).oom_index is not None
 
 
+def test_a_clone_runs_on_alone() -> None:
+    # the state copied mid-stream, then both driven by the same events: the same counters, and neither sees the other
+    events = synthetic_training_stream(4_000, seed=3)
+    half = len(events) // 2
+    sim = CachingAllocator(AllocatorConfig(expandable_segments=True))
+    for op, key, nbytes in events[:half]:
+        sim.malloc(key, nbytes) if op == A else sim.free(key)
+    twin = sim.clone(None)
+    for op, key, nbytes in events[half:]:
+        for s in (sim, twin):
+            s.malloc(key, nbytes) if op == A else s.free(key)
+    assert (twin.allocated_bytes, twin.reserved_bytes, twin.peak_reserved_bytes, twin.num_segments) == (
+        sim.allocated_bytes, sim.reserved_bytes, sim.peak_reserved_bytes, sim.num_segments)
+    reserved = sim.reserved_bytes
+    twin.empty_cache()
+    assert twin.reserved_bytes < reserved == sim.reserved_bytes  # the copy's blocks and pools are its own
+
+
+@pytest.mark.parametrize("config", [AllocatorConfig(), AllocatorConfig(expandable_segments=True)],
+                         ids=["segments", "expandable"])
+@pytest.mark.parametrize("seed", range(0, 200, 20))
+def test_resuming_capped_replays_from_the_uncapped_one_changes_no_answer(seed: int, config: AllocatorConfig,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    allocator = importlib.import_module("memfit.estimate.allocator")
+    events = _random_stream(seed, count=120)
+    resumed = smallest_fitting_capacity(events, config)
+    monkeypatch.setattr(allocator, "SNAPSHOTS", 0)
+    assert smallest_fitting_capacity(events, config) == resumed
+
+
 # -- expandable segments ----------------------------------------------------------------------------------------
 
 
