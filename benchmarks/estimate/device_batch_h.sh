@@ -4,6 +4,8 @@
 #                                                         # no gradient): 2-D and 3-D, fp32/bf16/fp16
 #   bash benchmarks/estimate/device_batch_h.sh caps       # Video Swin-T under caps around memfit's walked fits_in
 #                                                         # (6.73 GB; the bisection alone said 6.17), side by side
+#   bash benchmarks/estimate/device_batch_h.sh windows    # XCiT-nano, PVT-v2 and FCN under caps across the range
+#                                                         # the walk raised their answers by (4-5 %)
 #   bash benchmarks/estimate/device_batch_h.sh tests      # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
@@ -17,6 +19,16 @@ case "$1" in
       ho_tv_swin3d_t@6700000000 ho_tv_swin3d_t@6730000000 ho_tv_swin3d_t@6800000000 ho_tv_swin3d_t@7000000000 \
       --out "$OUT" > "$OUT/caps.log" 2>&1
     tail -n 8 "$OUT/caps.log"
+    ;;
+  windows)
+    # three zoo steps whose answers the walk raised 4-5 % (XCiT-nano, PVT-v2, FCN-ResNet50), under caps from their
+    # GPU-bisected fits_in up to memfit's walked answer: does the GPU, too, run out above a cap where it ran?
+    args=""
+    for c in 3340 3360 3380 3400 3420 3440 3460 3480; do args="$args ho_timm_xcit_nano@${c}000000"; done
+    for c in 3810 3830 3850 3870 3890; do args="$args ho_timm_pvt_v2_b1@${c}000000"; done
+    for c in 4720 4760 4800 4840 4880 4920; do args="$args tv_fcn_resnet50@${c}000000"; done
+    timeout 500 python3 benchmarks/estimate/trace_entries.py --zoo $args --out "$OUT" > "$OUT/windows.log" 2>&1
+    cut -c1-120 "$OUT/windows.log" | tail -n 20
     ;;
   tests)
     timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
