@@ -164,13 +164,13 @@ def measure(
             trials.append(t)
             return t.ok
 
-        def bisect(lo: int, hi: int) -> int:
+        def narrow(lo: int, hi: int) -> int:
             while hi - lo > step:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if runs(mid) else (mid, hi)
             return hi
 
-        fits_in = bisect(lo, hi)
+        fits_in = narrow(lo, hi)
         # a larger cap can run out of memory where a smaller one ran (FCN-ResNet50 on an H200: ran under 4.76 and
         # 4.80 GB, out of memory under 4.84, ran under 4.88): try caps above the answer, up to the uncapped peak
         # reserved (which runs), from the top down, and go above the highest that fails
@@ -180,7 +180,7 @@ def measure(
             passing = top
             for cap in range(top - spacing, fits_in, -spacing):
                 if not runs(cap):
-                    fits_in = bisect(cap, passing)
+                    fits_in = narrow(cap, passing)
                     break
                 passing = cap
     return Measurement(
