@@ -6,6 +6,8 @@
 #                                                         # (6.73 GB; the bisection alone said 6.17), side by side
 #   bash benchmarks/estimate/device_batch_h.sh windows    # XCiT-nano, PVT-v2 and FCN under caps across the range
 #                                                         # the walk raised their answers by (4-5 %)
+#   bash benchmarks/estimate/device_batch_h.sh measure    # `memfit measure` (bisection, then three caps above) on
+#                                                         # FCN-ResNet50, PVT-v2 and Video Swin-T
 #   bash benchmarks/estimate/device_batch_h.sh tests      # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
@@ -29,6 +31,19 @@ case "$1" in
     for c in 4720 4760 4800 4840 4880 4920; do args="$args tv_fcn_resnet50@${c}000000"; done
     timeout 500 python3 benchmarks/estimate/trace_entries.py --zoo $args --out "$OUT" > "$OUT/windows.log" 2>&1
     cut -c1-120 "$OUT/windows.log" | tail -n 20
+    ;;
+  measure)
+    # `memfit measure` with its new check above the bisection, three steps side by side (each trial a fresh process)
+    for spec in torchvision_models.py:tv_fcn_resnet50 holdout.py:ho_timm_pvt_v2_b1 holdout.py:ho_tv_swin3d_t; do
+      name=${spec#*:}
+      timeout 560 python3 -m memfit.cli measure "benchmarks/zoo/$spec" --json > "$OUT/measure_$name.json" \
+        2> "$OUT/measure_$name.log" &
+    done
+    wait
+    for f in "$OUT"/measure_*.json; do python3 -c "
+import json, sys; d = json.loads(open(sys.argv[1]).read()[open(sys.argv[1]).read().index('{'):])
+caps = [(t['cap_bytes'], t['ok']) for t in d['trials'] if t['cap_bytes']]
+print(sys.argv[1].split('/')[-1], 'fits_in', d['fits_in_bytes'], 'trials', sorted(caps))" "$f"; done
     ;;
   tests)
     timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
