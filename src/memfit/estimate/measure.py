@@ -114,7 +114,9 @@ def run_trial(
 
 ABOVE_TRIALS = 3
 """Capped runs ``measure`` adds above its bisection's answer (``memfit.estimate.allocator`` walks every cap above
-its own; a GPU run costs seconds, so here a few evenly spaced ones)."""
+its own; a GPU run costs seconds, so here a few evenly spaced ones). On an H200 they found PVT-v2's out-of-memory
+window (3.80 -> 3.93 GB) and missed FCN-ResNet50's and Video Swin-T's, narrower than their spacing
+(benchmarks/results/estimate/measure_check_above_h200_torch2.11_20261129_s27/)."""
 
 
 def measure(
