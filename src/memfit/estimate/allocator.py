@@ -800,9 +800,10 @@ class _CappedRuns:
     def fits(self, steps: int) -> bool:
         return self.run(steps)[0]
 
-    def known(self, steps: int) -> bool:
-        """Whether a replay already stands for ``steps``."""
-        return any(first <= steps < changes for first, changes, _ in self._runs)
+    @property
+    def replays(self) -> int:
+        """Capped replays run so far."""
+        return len(self._runs)
 
 
 SNAPSHOTS = 16
@@ -822,17 +823,15 @@ def _above_every_failing_cap_exactly(runs: _CappedRuns, answer: int, top: int) -
     for ``WALK_REPLAYS``; the rest of the range is then probed."""
     step = answer
     fitting: int | None = answer
-    replays = 0
+    start = runs.replays
     while step < top:
-        if replays == WALK_REPLAYS:
+        if runs.replays - start == WALK_REPLAYS:
             # the budget is spent: every step from ``fitting`` to here fits (or the one below here failed); probe the
             # rest (the probes below ``step`` are answered by the walk's runs)
             if fitting is None:
                 fitting = _bisect(runs.fits, step - 1, top)
             return _above_every_failing_cap(runs.fits, fitting, top)
-        known = runs.known(step)
         fits, changes = runs.run(step)
-        replays += not known
         if not fits:
             fitting = None
         elif fitting is None:
