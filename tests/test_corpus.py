@@ -84,6 +84,28 @@ def test_bisection_finds_the_smallest_cap_within_tolerance(hint_error: float | N
         assert trials <= 6  # a close prediction saves trials
 
 
+@pytest.mark.parametrize("window", [(10.80, 10.95), (11.50, 11.62), None])
+def test_check_above_finds_the_smallest_cap_at_and_above_which_it_runs(window: tuple[float, float] | None) -> None:
+    """A GPU where caps in ``window`` (GiB) run out of memory although 10.6 GiB runs: the bisection answers 10.6;
+    six caps checked above it find the window and bisect above its top."""
+    alloc, need, reserved = 10 * GIB, int(10.6 * GIB), 12 * GIB
+    pool = 80 * GIB
+    fails = (lambda cap: False) if window is None else (lambda cap: window[0] * GIB <= cap < window[1] * GIB)
+    state = measure_corpus.EntryState(id="x", hint_bytes=None, guess_bytes=alloc, check_above=6)
+    while (cap := state.next_cap(pool, bisect=True)) is not None:
+        ok = cap >= need and not fails(cap)
+        state.record({"ok": ok, "cap_bytes": cap, "peak_allocated_bytes": alloc if ok else 0,
+                      "peak_reserved_bytes": reserved if ok else 0, "outside_allocator_bytes": 0,
+                      "num_alloc_retries": 0, "elapsed_s": 1.0,
+                      "error": "" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB."}, pool)
+        assert len(state.trials) < 40
+    step = int(0.005 * alloc)
+    assert state.bisected_bytes is not None and need <= state.bisected_bytes <= need + step
+    top = need if window is None else int(window[1] * GIB)
+    assert top <= state.hi <= top + step
+    assert sum(t["cap_bytes"] > state.bisected_bytes for t in state.trials) >= (6 if window is None else 1)
+
+
 def test_first_run_whose_cap_bound_is_repeated_with_twice_the_cap() -> None:
     state = measure_corpus.EntryState(id="x", hint_bytes=None, guess_bytes=GIB)
     first = state.next_cap(80 * GIB, bisect=True)
@@ -195,3 +217,40 @@ def test_a_peaks_only_record_seeds_the_bisection(monkeypatch: pytest.MonkeyPatch
     record = json.loads((full / f"{entry}.json").read_text())
     assert caps[1] < caps[0]  # went straight to the bisection
     assert need <= record["fits_in_bytes"] <= need + max(int(0.005 * 0.9 * need), 2 << 20)
+
+
+def test_check_above_takes_up_a_finished_record_without_running_its_trials_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A record bisected without the check (its answer in a lower window), then ``--check-above 5 --done``: only
+    caps above the old answer run, and the new answer is above the window that ran out of memory."""
+    import importlib
+
+    measure = importlib.import_module("memfit.estimate.measure")
+    entry = json.loads((CORPUS / "corpus.json").read_text())["entries"][0]["id"]
+    need, window, reserved = 5 * GIB, (int(5.3 * GIB), int(5.45 * GIB)), 6 * GIB
+    caps: list[int] = []
+
+    def fake_trial(spec: str, *, cap_bytes: int, timeout_s: float, **_: object) -> object:
+        caps.append(cap_bytes)
+        ok = cap_bytes >= need and not window[0] <= cap_bytes < window[1]
+        return measure.Trial(ok, cap_bytes, int(need * 0.9) if ok else 0, reserved if ok else 0, 0, 0, 0.1,
+                             error="" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB.")
+
+    monkeypatch.setattr(measure, "run_trial", fake_trial)
+    monkeypatch.setattr(measure_corpus, "_device", lambda: {
+        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
+    monkeypatch.setattr(measure_corpus, "_missing", lambda modules: "")
+    old, new = tmp_path / "old", tmp_path / "new"
+    common = ["--ids", entry, "--predictions", str(tmp_path / "none"), "--budget-s", "60"]
+    monkeypatch.setattr(sys, "argv", ["m", "--out", str(old), *common])
+    measure_corpus.main()
+    bisected = json.loads((old / f"{entry}.json").read_text())["fits_in_bytes"]
+    assert need <= bisected < window[0] and "bisected_fits_in_bytes" not in json.loads(
+        (old / f"{entry}.json").read_text())
+    before = len(caps)
+    monkeypatch.setattr(sys, "argv", ["m", "--out", str(new), "--done", str(old), "--check-above", "5", *common])
+    measure_corpus.main()
+    record = json.loads((new / f"{entry}.json").read_text())
+    assert all(c > bisected for c in caps[before:])  # the old trials are not run again
+    assert record["bisected_fits_in_bytes"] == bisected
+    assert window[1] <= record["fits_in_bytes"] <= window[1] + max(int(0.005 * 0.9 * need), 2 << 20)

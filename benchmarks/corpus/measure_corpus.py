@@ -70,6 +70,12 @@ def physical_oom(error: str) -> bool:
     return free < wanted + (64 << 20)
 
 
+ABOVE_MIN_SPACING = 0.01
+"""The closest ``EntryState.check_above`` spaces its caps, a fraction of the answer: the out-of-memory windows an
+H200 showed above a bisected answer were 1-3 % wide (FCN-ResNet50 4.80-4.88 GB, PVT-v2 3.87-3.93, Video Swin-T
+6.45-6.65; measure_check_above_h200_torch2.11_20261129_s27/, swin3d_caps_h200_torch2.11_20261129_s27/)."""
+
+
 @dataclass
 class EntryState:
     """One entry's measurement so far; everything needed to resume it."""
@@ -89,6 +95,17 @@ class EntryState:
     """Distance of the next probe from the hint side; 0 once the answer flipped (plain bisection from then)."""
     error: str = ""
     done: bool = False
+    check_above: int = 0
+    """Caps to try above the bisection's answer, evenly spaced below the uncapped run's peak reserved (which always
+    runs), from the top down: a larger cap can run out of memory where a smaller one ran (session 27: FCN-ResNet50
+    ran under 4.80 GB, ran out under 4.84, ran under 4.88), and ``fits_in`` is the smallest cap *at and above
+    which* the step runs. The first that fails is bisected against the one above it; then the entry is done."""
+    above_next: int = 0
+    """The next cap to check above the answer (0: not started or over); ``above_passing`` ran, just above it."""
+    above_passing: int = 0
+    above_spacing: int = 0
+    bisected_bytes: int | None = None
+    """The bisection's answer before the check above (``fits_in`` when no cap above failed)."""
 
     def next_cap(self, pool_bytes: int, bisect: bool) -> int | None:
         """The cap of this entry's next trial, or None when it is finished (``done`` / ``error`` set)."""
@@ -96,6 +113,14 @@ class EntryState:
             if self.first_cap is None:
                 self.first_cap = min(pool_bytes - CONTEXT_BYTES, max(4 * GIB, int(self.guess_bytes * 1.5) + GIB))
             return self.first_cap
+        if bisect and self.hi - self.lo <= self.step and self.check_above and self.bisected_bytes is None:
+            self.bisected_bytes = self.hi
+            top = self.first["peak_reserved_bytes"]
+            self.above_spacing = max((top - self.hi) // (self.check_above + 1), int(ABOVE_MIN_SPACING * self.hi))
+            if self.above_spacing > self.step:
+                self.above_passing, self.above_next = top, top - self.above_spacing
+        if self.above_next > self.hi:
+            return self.above_next
         if not bisect or self.hi - self.lo <= self.step:
             self.done = True
             return None
@@ -133,6 +158,12 @@ class EntryState:
             self.first_cap = min(pool_bytes - CONTEXT_BYTES, 2 * cap)
             return
         ok = bool(trial["ok"])
+        if self.above_next and cap == self.above_next:
+            if ok:
+                self.above_passing, self.above_next = cap, cap - self.above_spacing
+            else:  # out of memory above the answer: bisect between it and the cap above it that ran
+                self.lo, self.hi, self.above_next, self.gallop = cap, self.above_passing, 0, 0
+            return
         if ok:
             self.hi = min(self.hi, cap)
         else:
@@ -250,6 +281,9 @@ def main() -> None:
     parser.add_argument("--trial-timeout-s", type=float, default=300.0)
     parser.add_argument("--tolerance", type=float, default=0.005, help="bisection stops at this fraction of peak")
     parser.add_argument("--no-bisect", action="store_true", help="peaks only: one trial per entry")
+    parser.add_argument("--check-above", type=int, default=0, metavar="N",
+                        help="after bisecting, try N caps above the answer (EntryState.check_above); finished "
+                             "records without that check are taken up again from their trials")
     parser.add_argument("--fresh", action="store_true",
                         help="measure again: resume only from --out and --done, not from the committed results")
     args = parser.parse_args()
@@ -275,20 +309,25 @@ def main() -> None:
     states: dict[str, EntryState] = {}
     for e in chosen:
         finished, partial = _load_state(e.id, folders)
-        if finished is not None and (args.no_bisect or finished.get("fits_in_bytes") is not None
-                                     or finished.get("error")):
+        unchecked = bool(args.check_above and finished is not None and finished.get("fits_in_bytes") is not None
+                         and "bisected_fits_in_bytes" not in finished)
+        if finished is not None and not unchecked and (args.no_bisect or finished.get("fits_in_bytes") is not None
+                                                       or finished.get("error")):
             if not (out / f"{e.id}.json").exists():
                 (out / f"{e.id}.json").write_text(json.dumps(finished, indent=1))
             continue
         if e.id in skipped:
             continue
         hint = e.hint_bytes
-        state = EntryState(id=e.id, hint_bytes=hint, guess_bytes=e.guess_bytes, tolerance=args.tolerance)
-        if finished is not None:  # a peaks-only record (--no-bisect): its trials seed the bisection
+        state = EntryState(id=e.id, hint_bytes=hint, guess_bytes=e.guess_bytes, tolerance=args.tolerance,
+                           check_above=args.check_above)
+        if finished is not None:  # a peaks-only or unchecked record: its trials seed the bisection
             for trial in finished.get("trials", []):
                 if not trial.get("physical_oom"):
                     state.record(trial, device["total_bytes"] - int(args.reserve_gib * GIB))
             state.done = False
+            if unchecked:
+                state.hint_result, state.gallop = False, 0  # its bisection is over: on to the check above
         elif partial is not None:
             state = EntryState(**{**asdict(state), **{k: v for k, v in partial.items() if k != "id"}})
             state.hint_bytes = hint if hint is not None else state.hint_bytes
@@ -314,6 +353,8 @@ def main() -> None:
                 peak_reserved_bytes=first.get("peak_reserved_bytes"),
                 outside_allocator_bytes=first.get("outside_allocator_bytes"),
                 fits_in_bytes=None if args.no_bisect or state.error or not first else state.hi,
+                **({"bisected_fits_in_bytes": state.bisected_bytes, "check_above": state.check_above,
+                    "above_spacing_bytes": state.above_spacing} if state.check_above else {}),
                 error=state.error, measured_s=sum(t.get("wall_s", 0) for t in state.trials),
             )
             (out / f"{state.id}.json").write_text(json.dumps(record, indent=1))
