@@ -40,13 +40,18 @@ def _rebound(est: dict[str, Any]) -> int:
     return max(upper_bound(est["fits_in_replay_bytes"], reasons, extra)[0], est["fits_in_bytes"])
 
 
-def join(predictions: Path, measurements: Path, rebound: bool = False) -> list[dict[str, Any]]:
+def join(predictions: Path, measurements: Path, rebound: bool = False,
+         also: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """One row per corpus entry; an entry's measurement from the last of ``also`` that has it, else
+    ``measurements``."""
     sys.path.insert(0, str(HERE))
     import corpus
 
     rows = []
     for e in corpus.entries():
-        p_file, m_file = predictions / f"{e['id']}.json", measurements / f"{e['id']}.json"
+        p_file = predictions / f"{e['id']}.json"
+        m_file = next((f for f in (d / f"{e['id']}.json" for d in reversed(also)) if f.exists()),
+                      measurements / f"{e['id']}.json")
         p = json.loads(p_file.read_text()) if p_file.exists() else None
         m = json.loads(m_file.read_text()) if m_file.exists() else None
         row: dict[str, Any] = {"id": e["id"], "split": e["split"], "family": e["family"], "precision": e["precision"],
@@ -115,6 +120,7 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "ran, by bisection); predicted on the CPU by `predict_corpus.py` (torch per row in the JSON). "
         "Error = (predicted - measured) / measured.",
         "",
+        *([s["note"], ""] if s.get("note") else []),
     ]
     for half in ("fit", "validation"):
         h = s[half]
@@ -159,12 +165,16 @@ def main() -> None:
     parser.add_argument("--predictions", default=str(latest("estimate", "corpus_predictions_cpu")))
     parser.add_argument("--measurements", default=str(latest("estimate", "corpus_measurements_")),
                         help="measure_corpus.py's output folder (default: the newest in results/estimate/)")
+    parser.add_argument("--also", action="append", default=[], type=Path,
+                        help="a later measurement folder whose entries win (e.g. measure_corpus.py --check-above)")
+    parser.add_argument("--tag", default="", help="suffix of the result files' name")
+    parser.add_argument("--note", default="", help="a paragraph under the header (which set, which code)")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--rebound", action="store_true",
                         help="recompute each upper bound with the installed memfit's constants (memfit.estimate.bound)")
     args = parser.parse_args()
 
-    rows = join(Path(args.predictions), Path(args.measurements), rebound=args.rebound)
+    rows = join(Path(args.predictions), Path(args.measurements), rebound=args.rebound, also=tuple(args.also))
     sample = next((json.loads(p.read_text()) for p in Path(args.measurements).glob("c*.json")
                    if not p.name.endswith(".partial.json")), {})
     corpus_meta = json.loads((HERE / "corpus.json").read_text())
@@ -183,7 +193,9 @@ def main() -> None:
             "fits_in": stats(ok, "error_fits_in"), "upper_bound": coverage(ok),
         }
     name = stem("corpus_accuracy", card(sample.get("gpu")), sample.get("torch_version") or "unknown")
-    out = Path(args.results) / name
+    out = Path(args.results) / (f"{name}_{args.tag}" if args.tag else name)
+    summary.update(predictions=args.predictions, measurements=[args.measurements, *map(str, args.also)],
+                   note=args.note)
     Path(f"{out}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     text = markdown(summary, rows)
     Path(f"{out}.md").write_text(text)

@@ -4,6 +4,8 @@
 #       # second and third draws) checked at up to 8 caps above each answer (measure_corpus.py --check-above):
 #       # fits_in is the smallest cap at and above which a step runs, and a bisection can land in a lower window.
 #       # Resumable: run again with the folders it wrote copied to benchmarks/results/estimate/ (--done).
+#   bash benchmarks/estimate/device_batch_i.sh above CORPUS_IDS ZOO_IDS   # only these (comma-separated; "-": none)
+#       # Both folders come back in one $OUT/above_<date>.tar.gz (at most 8 files come back from a call).
 #   bash benchmarks/estimate/device_batch_i.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
@@ -11,23 +13,28 @@ R=benchmarks/results/estimate
 case "$1" in
   above)
     day=$(date +%Y%m%d)
+    corpus_ids=${2:-}; zoo_ids=${3:-}
     corpus_out=$OUT/corpus_measurements_above_h200_torch2.11_$day
     zoo_out=$OUT/zoo_holdout23_measurements_above_h200_torch2.11_$day
     # two schedulers side by side, each with half of the GPU's memory for its tickets (--reserve-gib)
-    timeout 580 python3 benchmarks/corpus/measure_corpus.py --split validation --check-above 8 --concurrency 7 \
+    [ "$corpus_ids" != "-" ] && timeout 580 python3 benchmarks/corpus/measure_corpus.py --split validation \
+      ${corpus_ids:+--ids "$corpus_ids"} --check-above 8 --concurrency 7 \
       --reserve-gib 72 --budget-s 545 --out "$corpus_out" \
       $(ls -d $R/corpus_measurements_above_h200_* 2>/dev/null | sed 's/^/--done /') \
       --done $R/corpus_measurements_h200_torch2.11_20261126 > "$OUT/above_corpus.log" 2>&1 &
     draws=$R/trace_coverage_cpu_torch2.14_20261129_draws23_h200_s27.json
     ids=$(python3 -c "import json, sys; print(','.join(r['name'] for r in json.load(open(sys.argv[1]))['rows']))" "$draws")
-    timeout 580 python3 benchmarks/corpus/measure_corpus.py --check-above 8 --concurrency 7 --reserve-gib 72 \
+    [ -n "$zoo_ids" ] && ids=$zoo_ids
+    [ "$ids" != "-" ] && timeout 580 python3 benchmarks/corpus/measure_corpus.py --check-above 8 --concurrency 7 --reserve-gib 72 \
       --budget-s 545 --out "$zoo_out" --zoo "$draws" --ids "$ids" \
       $(ls -d $R/zoo_holdout23_measurements_above_h200_* 2>/dev/null | sed 's/^/--done /') \
       --done $R/zoo_holdout3_measurements_r2_h200_torch2.11_20261128 \
       --done $R/zoo_holdout3_measurements_h200_torch2.11_20261128 \
       --done $R/zoo_holdout2_measurements_h200_torch2.11_20261128 > "$OUT/above_zoo.log" 2>&1 &
     wait
-    cp "$OUT/card.txt" "$corpus_out/"; cp "$OUT/card.txt" "$zoo_out/"
+    for d in "$corpus_out" "$zoo_out"; do [ -d "$d" ] && cp "$OUT/card.txt" "$d/"; done
+    (cd "$OUT" && tar czf "above_$day.tar.gz" $(basename "$corpus_out") $(basename "$zoo_out") 2>/dev/null; \
+      rm -rf "$corpus_out" "$zoo_out")
     tail -n 2 "$OUT/above_corpus.log" "$OUT/above_zoo.log"
     ;;
   tests)

@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--logs", action="append", default=[])
     parser.add_argument("--out", required=True, help="path without suffix: .md and .json are written")
     parser.add_argument("--title", default="")
+    parser.add_argument("--only", default="", help="only entries whose name starts with this (e.g. h2_: one draw)")
+    parser.add_argument("--note", default="", help="a paragraph under the header (which set, which code)")
     args = parser.parse_args()
 
     preds = json.loads(Path(args.predictions).read_text())
@@ -89,7 +91,7 @@ def main() -> None:
     card = (Path(args.measurements) / "card.txt").read_text().split("\n")[0] \
         if (Path(args.measurements) / "card.txt").exists() else "?"
     rows = []
-    for r in preds["rows"]:
+    for r in [r for r in preds["rows"] if r["name"].startswith(args.only)]:
         est, meas = r.get("estimate") or {}, measured.get(r["name"], {})
         rows.append({
             "name": r["name"], "library": r["library"],
@@ -111,6 +113,7 @@ def main() -> None:
                   "median_above": statistics.median([r["upper_err"] for r in rows if r["upper_err"] is not None]
                                                     or [0.0])},
         "failed_on_gpu": {r["name"]: r["gpu_error"][:200] for r in rows if r["gpu_error"]},
+        "note": args.note,
     }
     Path(f"{args.out}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
     Path(f"{args.out}.md").write_text(_markdown(summary, rows, args.title))
@@ -132,6 +135,7 @@ def _markdown(s: dict[str, Any], rows: list[dict[str, Any]], title: str) -> str:
            + "".join(f", then `{a}` (its entries win)" for a in s.get("also", []))
            + (f", and the printed lines of `{'`, `'.join(s['logs'])}` where an entry has no JSON" if s["logs"] else "")
            + ". Error = (predicted − measured) / measured.", "",
+           *([s["note"], ""] if s.get("note") else []),
            "| metric | n | median abs | max abs | most negative | median signed |", "|---|---|---|---|---|---|"]
     for label, st in (("peak allocated", p), ("fits_in", f)):
         if st["n"]:
