@@ -660,16 +660,52 @@ def test_a_condition_on_a_random_draw_is_taken_as_skipping_nothing():
     # False runs the wide branch, the largest step. A real forward's draw would skip it a tenth of the time
     taken, uncertain = _branch_taken(lambda x, h: not bool(torch.rand([]) < 0.9))
     assert taken == "wide"
-    assert "random draw" in uncertain["value_branch"]
+    assert "random draw" in uncertain["layer_drop"] and "value_branch" not in uncertain  # named, not widened
+    from memfit.estimate.bound import upper_bound
+
+    assert upper_bound(10 << 30, uncertain)[0] == upper_bound(10 << 30, {})[0]
     # said in a warning too, once, even where another condition named the bound's reason first (HuBERT's label check)
     first_named = _linear_workload(model=lambda: _Branching(
         lambda x, h: bool(x.abs().sum() > 0) and not bool(torch.rand([]) < 0.9)))
     trace = trace_workload(first_named, GPU, steps=2)
-    assert "random draw" not in trace.uncertain["value_branch"]
+    assert "random draw" not in trace.uncertain["value_branch"] and "layer_drop" in trace.uncertain
     assert [w for w in trace.warnings if "LayerDrop" in w and "skipping nothing" in w] != []
     assert len([w for w in trace.warnings if "random draw" in w]) == 1
     taken, _ = _branch_taken(lambda x, h: not bool(torch.rand([], device=x.device) * 0 + h.abs().mean() < 1e9))
     assert taken == "wide"  # a draw mixed with the model's values is still a draw
+
+
+class _Checking(torch.nn.Module):
+    """Checks its input's values the way Hugging Face's CTC heads check labels, then maybe branches for real."""
+
+    def __init__(self, branch: bool) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(1024, 1024, bias=False)
+        self.wide = torch.nn.Linear(1024, 16 * 1024, bias=False)
+        self.branch = branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.abs() > 1e6).any():
+            raise ValueError("inputs out of range")
+        h = self.first(x)
+        if self.branch:
+            if h.abs().mean() > 0:
+                h = self.wide(h)[:, :1024]
+        return h
+
+
+def test_a_condition_that_only_checks_the_values_is_named_without_widening_the_bound():
+    from memfit.estimate.bound import upper_bound
+
+    trace = trace_workload(_linear_workload(model=lambda: _Checking(branch=False)), GPU, steps=2)
+    assert "value_check" in trace.uncertain and "value_branch" not in trace.uncertain
+    assert [site for site in trace.condition_sites] == [f"test_trace.py:{_Checking.forward.__code__.co_firstlineno + 1} in forward"]
+    assert upper_bound(10 << 30, trace.uncertain)[0] == upper_bound(10 << 30, {})[0]
+    # a real branch beside the check: the bound widens, and names the branch, not the check
+    trace = trace_workload(_linear_workload(model=lambda: _Checking(branch=True)), GPU, steps=2)
+    line = _Checking.forward.__code__.co_firstlineno + 5
+    assert f"test_trace.py:{line} in forward" in trace.uncertain["value_branch"]
+    assert upper_bound(10 << 30, trace.uncertain)[0] > upper_bound(10 << 30, {})[0]
 
 
 def test_a_condition_on_dropped_out_activations_is_on_the_models_values():

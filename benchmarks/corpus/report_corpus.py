@@ -41,15 +41,16 @@ def _rebound(est: dict[str, Any]) -> int:
 
 
 def join(predictions: Path, measurements: Path, rebound: bool = False,
-         also: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+         also: tuple[Path, ...] = (), also_predictions: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
     """One row per corpus entry; an entry's measurement from the last of ``also`` that has it, else
-    ``measurements``."""
+    ``measurements``; its prediction likewise from ``also_predictions``, else ``predictions``."""
     sys.path.insert(0, str(HERE))
     import corpus
 
     rows = []
     for e in corpus.entries():
-        p_file = predictions / f"{e['id']}.json"
+        p_file = next((f for f in (d / f"{e['id']}.json" for d in reversed(also_predictions)) if f.exists()),
+                      predictions / f"{e['id']}.json")
         m_file = next((f for f in (d / f"{e['id']}.json" for d in reversed(also)) if f.exists()),
                       measurements / f"{e['id']}.json")
         p = json.loads(p_file.read_text()) if p_file.exists() else None
@@ -167,6 +168,8 @@ def main() -> None:
                         help="measure_corpus.py's output folder (default: the newest in results/estimate/)")
     parser.add_argument("--also", action="append", default=[], type=Path,
                         help="a later measurement folder whose entries win (e.g. measure_corpus.py --check-above)")
+    parser.add_argument("--also-predictions", action="append", default=[], type=Path,
+                        help="a later predictions folder whose entries win (entries estimated again)")
     parser.add_argument("--tag", default="", help="suffix of the result files' name")
     parser.add_argument("--note", default="", help="a paragraph under the header (which set, which code)")
     parser.add_argument("--results", default=str(RESULTS))
@@ -174,7 +177,8 @@ def main() -> None:
                         help="recompute each upper bound with the installed memfit's constants (memfit.estimate.bound)")
     args = parser.parse_args()
 
-    rows = join(Path(args.predictions), Path(args.measurements), rebound=args.rebound, also=tuple(args.also))
+    rows = join(Path(args.predictions), Path(args.measurements), rebound=args.rebound, also=tuple(args.also),
+                also_predictions=tuple(args.also_predictions))
     sample = next((json.loads(p.read_text()) for p in Path(args.measurements).glob("c*.json")
                    if not p.name.endswith(".partial.json")), {})
     corpus_meta = json.loads((HERE / "corpus.json").read_text())
@@ -194,7 +198,7 @@ def main() -> None:
         }
     name = stem("corpus_accuracy", card(sample.get("gpu")), sample.get("torch_version") or "unknown")
     out = Path(args.results) / (f"{name}_{args.tag}" if args.tag else name)
-    summary.update(predictions=args.predictions, measurements=[args.measurements, *map(str, args.also)],
+    summary.update(predictions=[args.predictions, *map(str, args.also_predictions)], measurements=[args.measurements, *map(str, args.also)],
                    note=args.note)
     Path(f"{out}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     text = markdown(summary, rows)

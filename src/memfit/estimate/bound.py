@@ -28,6 +28,8 @@ UncertaintyReason = Literal[
     "conv_workspace_extrapolated",
     "value_read",
     "value_branch",
+    "value_check",
+    "layer_drop",
     "data_dependent_shape",
     "sparse_data",
     "compiled",
@@ -56,6 +58,12 @@ WIDTHS: dict[UncertaintyReason, float] = {
     "value_read": 0.10,
     # control flow depended on a value the trace did not have: the other branch may need more
     "value_branch": 0.25,
+    # conditions on values that only check them (their other branch raises or only warns: a label or box check,
+    # an assert, memfit.estimate.branch_checks): a step that goes the other way stops or prints. Named, not widened
+    "value_check": 0.0,
+    # a condition on a one-element random draw (LayerDrop, stochastic depth), taken as skipping nothing: the
+    # largest step (a step that skips layers saves fewer activations). Named, not widened
+    "layer_drop": 0.0,
     # an output's size depended on values; the trace took them from a real CPU run of the same shapes
     "data_dependent_shape": 0.10,
     # sparse tensors (sparse gradients): what coalescing keeps, and the optimizer's sparse updates, depend on the
@@ -89,8 +97,8 @@ _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACac
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """One place the trace could not be sure of; all but ``compiled`` and ``optimizer_state_rule`` widen the bound
-    beyond the base margin."""
+    """One place the trace could not be sure of; all but the reasons of width 0 (``compiled``,
+    ``optimizer_state_rule``, ``value_check``, ``layer_drop``) widen the bound beyond the base margin."""
 
     reason: UncertaintyReason
     widen: float

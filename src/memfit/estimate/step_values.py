@@ -20,6 +20,7 @@ import torch
 from memfit import _torch_private as tp
 from memfit.estimate import values
 from memfit.estimate.bound import UncertaintyReason
+from memfit.estimate.branch_checks import only_checks
 from memfit.estimate.data_dependent import (
     SMALL_MASK_BYTES,
     IndexBounds,
@@ -38,6 +39,8 @@ from memfit.estimate.value_reads import (
     largest_draw,
     reads,
     user_frame,
+    user_location,
+    where,
 )
 
 log = logging.getLogger(__name__)
@@ -155,6 +158,8 @@ class StepValues:
         known = self.known.scalar(t)
         if known is None:
             return NOT_KNOWN
+        if condition is not None:
+            self._note_condition()
         if self.real and condition is not None and self.real_forward is not None:
             self.real_forward.conditions.append(bool(known))
         self._keep_read(known)
@@ -173,11 +178,11 @@ class StepValues:
             return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
         if t.dtype == torch.bool and reads(self._drawn, [t]):
             # a fresh draw each step (LayerDrop's `torch.rand([]) < p`): no one run decides it. False is the draw at
-            # which stochastic depth and LayerDrop skip nothing, their largest step
+            # which stochastic depth and LayerDrop skip nothing, their largest step: named, not widened (layer_drop)
             where = user_frame()
             recording.trace.uncertain.setdefault(
-                "value_branch", f"a condition on a random draw at {where} was taken as False (LayerDrop and "
-                "stochastic depth then skip nothing)")
+                "layer_drop", f"a condition on a random draw at {where} was taken as False (LayerDrop and "
+                "stochastic depth then skip nothing, the largest step)")
             if not any(w.startswith(DRAW_WARNING) for w in recording.trace.warnings):
                 # said apart from the bound's reason, which an earlier condition may have named first (HuBERT's
                 # label check): a measured run whose draws skipped layers peaks lower, by the skipped layers' share
@@ -188,6 +193,7 @@ class StepValues:
             return False
         recorded = self.real_forward.conditions if self.real_forward is not None else []
         if condition is not None and condition < len(recorded):
+            self._note_condition()
             return recorded[condition]  # what the real forward's condition at this place in the order was
         if self._read_key is not None and self.real_forward is not None and self._read_key in self.real_forward.reads:
             # a number the step computes with (Switch Transformers formats its expert's name from one)
@@ -199,13 +205,18 @@ class StepValues:
             # a condition (`if x.abs().sum() > 0:`) decides which ops run: trace again with the values that
             # decide it, as for a value-dependent size (trace_workload), rather than take a branch real data may not
             raise self.needed(CONDITION, [t])
-        # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes
-        reason: UncertaintyReason = "value_branch" if t.dtype == torch.bool else "value_read"
+        # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes, unless
+        # the condition only checks the values (its other branch raises or warns: value_check, not widened)
+        reason: UncertaintyReason = "value_read"
+        if t.dtype == torch.bool:
+            reason = "value_check" if recording.phase in ("forward", "loss") and self._note_condition()[1] \
+                else "value_branch"
         if reason not in recording.trace.uncertain:
             module = recording.module_stack[-1] if recording.module_stack else recording.phase
             recording.trace.uncertain[reason] = (
                 f"a condition on tensor values at {user_frame()} ({module}) was taken as False"
-                if reason == "value_branch" else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
+                + (" (it only checks the values: its other branch raises or warns)" if reason == "value_check" else "")
+                if t.dtype == torch.bool else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
         if not self._warned_read:
             self._warned_read = True
             msg = (
@@ -217,6 +228,18 @@ class StepValues:
         if t.dtype == torch.bool:
             return False
         return 0 if not t.is_floating_point() else 0.0
+
+    def _note_condition(self) -> tuple[str, bool]:
+        """Where the condition being read was asked, and whether it only checks the values
+        (``memfit.estimate.branch_checks``); kept in the trace's ``condition_sites``."""
+        frame = user_location()
+        if frame is None:
+            return "an unknown place", False
+        site = where(frame)
+        sites = self._recording.trace.condition_sites
+        if site not in sites:
+            sites[site] = frame.lineno is not None and only_checks(frame.filename, frame.lineno)
+        return site, sites[site]
 
     # ------------------------------------------------------ value-dependent sizes
     def sized_from_known(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:

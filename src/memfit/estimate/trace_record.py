@@ -53,6 +53,9 @@ class Trace:
     uncertain: dict[UncertaintyReason, str] = field(default_factory=dict)
     """Where the trace relied on a rule rather than a measurement, or lacked a value: reason -> detail (the first
     place it happened). Each widens the estimate's upper bound (memfit.estimate.bound)."""
+    condition_sites: dict[str, bool] = field(default_factory=dict)
+    """Where the step's conditions on tensor values were asked in forward and loss (``file.py:LINE in function``;
+    not random draws) -> whether each only checks the values (memfit.estimate.branch_checks)."""
     uncertain_bytes: dict[UncertaintyReason, int] = field(default_factory=dict)
     """Reasons that widen the bound in bytes: the largest allowance of any place each happened."""
     offload: OffloadTraffic | None = None

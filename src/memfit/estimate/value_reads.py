@@ -18,19 +18,30 @@ from typing import Any
 import torch
 
 __all__ = ["CONDITION", "RANDOM_OPS", "ValuesNeededToBuild", "ValuesNeededToTrace", "in_initializer",
-           "largest_draw", "reads", "user_frame"]
+           "largest_draw", "reads", "user_frame", "user_location", "where"]
 
 
 # frames in these folders are torch's or memfit's own; the first other frame is where the user's code is
 _LIBRARY_DIRS = (str(Path(torch.__file__).parent) + os.sep, str(Path(__file__).parents[1]) + os.sep)
 
 
-def user_frame() -> str:
-    """``file.py:LINE in function`` of the innermost frame in the user's code (not torch's, not memfit's)."""
+def user_location() -> traceback.FrameSummary | None:
+    """The innermost frame in the user's code (not torch's, not memfit's), or None."""
     for frame in reversed(traceback.extract_stack()):
         if not frame.filename.startswith(_LIBRARY_DIRS) and not frame.filename.startswith("<"):
-            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
-    return "an unknown place"
+            return frame
+    return None
+
+
+def user_frame() -> str:
+    """``file.py:LINE in function`` of the innermost frame in the user's code (not torch's, not memfit's)."""
+    frame = user_location()
+    return "an unknown place" if frame is None else where(frame)
+
+
+def where(frame: traceback.FrameSummary) -> str:
+    """``file.py:LINE in function`` of ``frame``."""
+    return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
 
 
 _INIT_FILE = str(Path(torch.nn.init.__file__))
