@@ -699,7 +699,8 @@ def test_a_condition_that_only_checks_the_values_is_named_without_widening_the_b
 
     trace = trace_workload(_linear_workload(model=lambda: _Checking(branch=False)), GPU, steps=2)
     assert "value_check" in trace.uncertain and "value_branch" not in trace.uncertain
-    assert [site for site in trace.condition_sites] == [f"test_trace.py:{_Checking.forward.__code__.co_firstlineno + 1} in forward"]
+    check_line = _Checking.forward.__code__.co_firstlineno + 1
+    assert list(trace.condition_sites) == [f"test_trace.py:{check_line} in forward"]
     assert upper_bound(10 << 30, trace.uncertain)[0] == upper_bound(10 << 30, {})[0]
     # a real branch beside the check: the bound widens, and names the branch, not the check
     trace = trace_workload(_linear_workload(model=lambda: _Checking(branch=True)), GPU, steps=2)

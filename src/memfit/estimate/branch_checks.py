@@ -11,8 +11,11 @@ more memory, so such a condition is named (``value_check``) but does not widen t
 The rule reads the ``if`` or ``assert`` statement whose test holds the line that asked (Python's ``ast`` on the
 file's source). Whether the condition's value made the test true or false is not known here (``not``, ``and``), so
 the rule asks only what holds either way: one branch always raises (the trace ran to its end, so it took the other),
-or both branches only warn, log or bind strings. Anything else (a clamp, a ``return``, a loop, a line that is not
-such a test, source that cannot be read) is not a check.
+or both branches only warn, log or bind strings. A test that asks only whether values are finite
+(``if not torch.isfinite(h).all(): h = h.clamp(...)``, DETR's encoder layers) counts too: the values the trace
+took it from are finite, and the other branch runs only in a step that has already overflowed. Anything else (a
+clamp on other values, a ``return``, a loop, a line that is not such a test, source that cannot be read) is not a
+check.
 """
 
 from __future__ import annotations
@@ -37,8 +40,22 @@ def only_checks(filename: str, lineno: int) -> bool:
     if isinstance(node, ast.Assert):
         return True
     if isinstance(node, ast.If):
-        return _raises(node.body) or _raises(node.orelse) or (_quiet(node.body) and _quiet(node.orelse))
+        return (_raises(node.body) or _raises(node.orelse) or (_quiet(node.body) and _quiet(node.orelse))
+                or _finiteness_guard(node.test))
     return False
+
+
+_FINITENESS_CALLS = frozenset({"isfinite", "isnan", "isinf", "isneginf", "isposinf", "all", "any"})
+
+
+def _finiteness_guard(test: ast.expr) -> bool:
+    """The test asks only whether values are finite (``not torch.isfinite(h).all()``, ``x.isnan().any()``, beside
+    plain flags such as ``self.training``): the values the trace took it from (the batch, one real forward of random
+    weights) are finite, so it took the branch every healthy step takes; the other runs only in a step whose
+    activations already overflowed (DETR's and Mask2Former's layers then clamp them)."""
+    calls = [n for n in ast.walk(test) if isinstance(n, ast.Call)]
+    return bool(calls) and all(_call_name(c) in _FINITENESS_CALLS for c in calls) and any(
+        _call_name(c) in {"isfinite", "isnan", "isinf", "isneginf", "isposinf"} for c in calls)
 
 
 @functools.lru_cache(maxsize=64)

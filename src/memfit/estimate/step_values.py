@@ -206,7 +206,8 @@ class StepValues:
             # decide it, as for a value-dependent size (trace_workload), rather than take a branch real data may not
             raise self.needed(CONDITION, [t])
         # a bool read is a condition (`if x.sum() > 0:`): the branch taken may not be the one real data takes, unless
-        # the condition only checks the values (its other branch raises or warns: value_check, not widened)
+        # the condition only checks the values (its other branch raises, warns or runs only on overflowed values:
+        # value_check, not widened)
         reason: UncertaintyReason = "value_read"
         if t.dtype == torch.bool:
             reason = "value_check" if recording.phase in ("forward", "loss") and self._note_condition()[1] \
@@ -215,7 +216,8 @@ class StepValues:
             module = recording.module_stack[-1] if recording.module_stack else recording.phase
             recording.trace.uncertain[reason] = (
                 f"a condition on tensor values at {user_frame()} ({module}) was taken as False"
-                + (" (it only checks the values: its other branch raises or warns)" if reason == "value_check" else "")
+                + (" (it only checks the values: its other branch raises, warns or runs only on overflowed values)"
+                   if reason == "value_check" else "")
                 if t.dtype == torch.bool else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
         if not self._warned_read:
             self._warned_read = True

@@ -204,15 +204,17 @@ def _sized_from(trace: Trace, source: str, op: str, where: str) -> Trace:
     """Say in ``trace`` that value-dependent sizes or conditions (first: ``op`` at ``where``) came from ``source``.
 
     A condition keeps the ``value_branch`` widening (real data may take the other branch), unless every condition
-    the trace answered so only checks the values (``value_check``: the other branch raises or warns)."""
+    the trace answered so only checks the values (``value_check``: the other branch raises, warns or runs only on
+    overflowed values)."""
     if op == CONDITION:
         unsure = [site for site, check in trace.condition_sites.items() if not check]
         if trace.condition_sites and not unsure:
             sites = ", ".join(trace.condition_sites)
             msg = (f"the step checks tensor values at {sites}, which fake tensors do not have: memfit took each "
-                   f"check the way {source} took it (each only raises or warns the other way).")
-            trace.uncertain["value_check"] = (f"{op} at {sites}: only checks (the other branch raises or warns), "
-                                              f"each taken the way {source} took it")
+                   f"check the way {source} took it (the other way each raises, warns or runs only on overflowed "
+                   "values).")
+            trace.uncertain["value_check"] = (f"{op} at {sites}: only checks (the other branch raises, warns or runs "
+                                              f"only on overflowed values), each taken the way {source} took it")
             log.info(msg)  # named in the bound's reasons; no warning: nothing the user can change or should doubt
             return trace
         where = unsure[0] if unsure else where
