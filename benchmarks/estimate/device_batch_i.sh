@@ -6,6 +6,9 @@
 #       # Resumable: run again with the folders it wrote copied to benchmarks/results/estimate/ (--done).
 #   bash benchmarks/estimate/device_batch_i.sh above CORPUS_IDS ZOO_IDS   # only these (comma-separated; "-": none)
 #       # Both folders come back in one $OUT/above_<date>.tar.gz (at most 8 files come back from a call).
+#   bash benchmarks/estimate/device_batch_i.sh final   # ViT-B/16's 4 and 5 GiB plans (session 25's), their fastest
+#       # contenders and a copy of each plan, 10 repeats of 20 interleaved rounds, every repeat built anew (the
+#       # median of the per-repeat paired ratios); then the GPU tests
 #   bash benchmarks/estimate/device_batch_i.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
@@ -36,6 +39,17 @@ case "$1" in
     (cd "$OUT" && tar czf "above_$day.tar.gz" $(basename "$corpus_out") $(basename "$zoo_out") 2>/dev/null; \
       rm -rf "$corpus_out" "$zoo_out")
     tail -n 2 "$OUT/above_corpus.log" "$OUT/above_zoo.log"
+    ;;
+  final)
+    mkdir -p "$OUT/vit_control"
+    timeout 240 python3 benchmarks/plan/sweep_device.py control --out "$OUT/vit_control" --budgets 5,4 --rounds 20 \
+      --repeats 10 --judged benchmarks/results/plan/plan_vit5_h200_torch2.11_20261128_s25/plan_calibrated_vit_b16.json \
+      > "$OUT/vit_control/control_vit_b16.log" 2>&1
+    cp "$OUT/card.txt" "$OUT/vit_control/"
+    grep -v "^\[" "$OUT/vit_control/control_vit_b16.log" | tail -n 4
+    timeout 330 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
+      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
     ;;
   tests)
     timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \

@@ -402,10 +402,16 @@ def control_stage(args: argparse.Namespace) -> None:
                "step_s": repeats, "median_step_s": medians,
                "contender_over_plan": [r[1] / r[0] for r in repeats],
                "copy_over_plan": [r[2] / r[0] for r in repeats]}
+        # each repeat builds all three anew and times them in the same rounds: its ratio is paired (the host's and
+        # the card's drift between repeats cancels), and the median over repeats averages the models' own placement
+        row.update(median_contender_over_plan=statistics.median(row["contender_over_plan"]),
+                   median_copy_over_plan=statistics.median(row["copy_over_plan"]))
         budgets.append(row)
         print(f"{name} {b['budget_bytes'] / 2**30:.2f} GiB, {args.repeats} repeats x {args.rounds} rounds: contender / "
-              f"plan {', '.join(f'{x:.3f}' for x in row['contender_over_plan'])}; the plan's copy / the plan "
-              f"{', '.join(f'{x:.3f}' for x in row['copy_over_plan'])}", flush=True)
+              f"plan {', '.join(f'{x:.3f}' for x in row['contender_over_plan'])} (median "
+              f"{row['median_contender_over_plan']:.3f}); the plan's copy / the plan "
+              f"{', '.join(f'{x:.3f}' for x in row['copy_over_plan'])} (median {row['median_copy_over_plan']:.3f})",
+              flush=True)
     (out / f"plan_control_{name}.json").write_text(json.dumps(_record(
         name, judged=str(args.judged), rounds=args.rounds, repeats=args.repeats, budgets=budgets), indent=1))
 
