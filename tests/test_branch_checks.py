@@ -91,3 +91,10 @@ def test_unreadable_source_is_not_a_check(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("if x.any(:\n    raise ValueError\n")
     assert not only_checks(str(broken), 1)
+
+
+def test_a_finiteness_test_taken_as_false_without_values_is_not_a_check(source: str) -> None:
+    # without values a read is taken as False, which for `not torch.isfinite(x).all()` is the overflowed branch
+    line = _line("not torch.isfinite(x).all()")
+    assert only_checks(source, line) and not only_checks(source, line, from_values=False)
+    assert only_checks(source, _line("labels.max() >= vocab"), from_values=False)  # a raise needs no values

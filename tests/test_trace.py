@@ -709,6 +709,34 @@ def test_a_condition_that_only_checks_the_values_is_named_without_widening_the_b
     assert upper_bound(10 << 30, trace.uncertain)[0] > upper_bound(10 << 30, {})[0]
 
 
+class _Guarded(torch.nn.Module):
+    """Clamps overflowed activations the way DETR's encoder layers do, with a layer instead of a clamp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(1024, 1024, bias=False)
+        self.wide = torch.nn.Linear(1024, 16 * 1024, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        if not torch.isfinite(h).all():
+            h = self.wide(h)[:, :1024]
+        return h
+
+
+def test_a_finiteness_guard_is_a_check_only_where_real_values_answered_it(monkeypatch):
+    import importlib
+
+    trace = trace_workload(_linear_workload(model=_Guarded), GPU, steps=2)  # one real forward: finite values
+    assert "value_check" in trace.uncertain and "value_branch" not in trace.uncertain
+    assert not any(a.nbytes == 256 * 16 * 1024 * 4 for a in trace.allocs)  # the healthy branch: no wide layer
+    # a large model's conditions are taken as False without values: here that is the overflowed branch
+    trace_module = importlib.import_module("memfit.estimate.trace")
+    monkeypatch.setattr(trace_module, "CONDITION_REAL_FORWARD_MAX_PARAM_BYTES", 4 * 1024 * 1024)
+    trace = trace_workload(_linear_workload(model=_Guarded), GPU, steps=2)
+    assert "value_branch" in trace.uncertain and "value_check" not in trace.uncertain
+
+
 def test_a_condition_on_dropped_out_activations_is_on_the_models_values():
     # dropout scales its input: DETR's matcher checks `(boxes[:, 2:] >= boxes[:, :2]).all()` of predictions that
     # went through dropout. The real forward decides it, not the rule for draws (False would raise there)

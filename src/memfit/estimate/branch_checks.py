@@ -33,15 +33,21 @@ _ASSERT_CALLS = frozenset({"_assert", "_assert_async"})
 """``torch._assert(False, msg)`` raises: torchvision's detectors end their input checks with it."""
 
 
-def only_checks(filename: str, lineno: int) -> bool:
+def only_checks(filename: str, lineno: int, *, from_values: bool = True) -> bool:
     """True when the statement asking at ``filename:lineno`` is an ``assert``, or an ``if`` one of whose branches
-    always raises or both of whose branches only warn (module docstring)."""
+    always raises or both of whose branches only warn (module docstring).
+
+    Args:
+        from_values: the condition was answered from real values (the batch's, one real forward's), which are
+            finite: a test of finiteness alone then took the healthy branch. A condition taken as False without
+            values may have taken the other one, so there it is not a check.
+    """
     node = _statement_testing(filename, lineno)
     if isinstance(node, ast.Assert):
         return True
     if isinstance(node, ast.If):
         return (_raises(node.body) or _raises(node.orelse) or (_quiet(node.body) and _quiet(node.orelse))
-                or _finiteness_guard(node.test))
+                or (from_values and _finiteness_guard(node.test)))
     return False
 
 

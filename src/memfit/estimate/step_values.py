@@ -159,7 +159,7 @@ class StepValues:
         if known is None:
             return NOT_KNOWN
         if condition is not None:
-            self._note_condition()
+            self._note_condition(from_values=True)
         if self.real and condition is not None and self.real_forward is not None:
             self.real_forward.conditions.append(bool(known))
         self._keep_read(known)
@@ -179,21 +179,21 @@ class StepValues:
         if t.dtype == torch.bool and reads(self._drawn, [t]):
             # a fresh draw each step (LayerDrop's `torch.rand([]) < p`): no one run decides it. False is the draw at
             # which stochastic depth and LayerDrop skip nothing, their largest step: named, not widened (layer_drop)
-            where = user_frame()
+            site = user_frame()
             recording.trace.uncertain.setdefault(
-                "layer_drop", f"a condition on a random draw at {where} was taken as False (LayerDrop and "
+                "layer_drop", f"a condition on a random draw at {site} was taken as False (LayerDrop and "
                 "stochastic depth then skip nothing, the largest step)")
             if not any(w.startswith(DRAW_WARNING) for w in recording.trace.warnings):
                 # said apart from the bound's reason, which an earlier condition may have named first (HuBERT's
                 # label check): a measured run whose draws skipped layers peaks lower, by the skipped layers' share
                 # (benchmarks/results/estimate/holdout2_misses_h200_torch2.11_20261128_s24.md: +10.7 % over three steps)
                 recording.trace.warnings.append(
-                    f"{DRAW_WARNING} at {where} was taken as skipping nothing: memfit predicts the step in which "
+                    f"{DRAW_WARNING} at {site} was taken as skipping nothing: memfit predicts the step in which "
                     "LayerDrop or stochastic depth drops no layer, the largest; steps that drop some need less.")
             return False
         recorded = self.real_forward.conditions if self.real_forward is not None else []
         if condition is not None and condition < len(recorded):
-            self._note_condition()
+            self._note_condition(from_values=True)
             return recorded[condition]  # what the real forward's condition at this place in the order was
         if self._read_key is not None and self.real_forward is not None and self._read_key in self.real_forward.reads:
             # a number the step computes with (Switch Transformers formats its expert's name from one)
@@ -210,8 +210,8 @@ class StepValues:
         # value_check, not widened)
         reason: UncertaintyReason = "value_read"
         if t.dtype == torch.bool:
-            reason = "value_check" if recording.phase in ("forward", "loss") and self._note_condition()[1] \
-                else "value_branch"
+            reason = "value_check" if recording.phase in ("forward", "loss") \
+                and self._note_condition(from_values=False)[1] else "value_branch"
         if reason not in recording.trace.uncertain:
             module = recording.module_stack[-1] if recording.module_stack else recording.phase
             recording.trace.uncertain[reason] = (
@@ -231,16 +231,17 @@ class StepValues:
             return False
         return 0 if not t.is_floating_point() else 0.0
 
-    def _note_condition(self) -> tuple[str, bool]:
+    def _note_condition(self, *, from_values: bool) -> tuple[str, bool]:
         """Where the condition being read was asked, and whether it only checks the values
-        (``memfit.estimate.branch_checks``); kept in the trace's ``condition_sites``."""
+        (``memfit.estimate.branch_checks``; ``from_values``: answered from real values, not taken as False); kept
+        in the trace's ``condition_sites``, where a site is a check only if every answer there was."""
         frame = user_location()
         if frame is None:
             return "an unknown place", False
         site = where(frame)
+        check = frame.lineno is not None and only_checks(frame.filename, frame.lineno, from_values=from_values)
         sites = self._recording.trace.condition_sites
-        if site not in sites:
-            sites[site] = frame.lineno is not None and only_checks(frame.filename, frame.lineno)
+        sites[site] = sites.get(site, True) and check
         return site, sites[site]
 
     # ------------------------------------------------------ value-dependent sizes
