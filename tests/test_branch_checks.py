@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memfit.estimate.branch_checks import only_checks
+from memfit.estimate.branch_checks import int_of_item, only_checks
 
 SOURCE = '''\
 import logging, warnings
@@ -50,6 +50,8 @@ def f(x, labels, boxes, vocab):
     z = x if x.any() else -x
     while x.sum() > 10:
         x = x / 2
+    index = int(torch.empty(1).uniform_(0.0, 3.0).item())
+    scale = float(torch.empty(1).uniform_(0.0, 3.0).item())
     return x
 '''
 
@@ -98,3 +100,10 @@ def test_a_finiteness_test_taken_as_false_without_values_is_not_a_check(source: 
     line = _line("not torch.isfinite(x).all()")
     assert only_checks(source, line) and not only_checks(source, line, from_values=False)
     assert only_checks(source, _line("labels.max() >= vocab"), from_values=False)  # a raise needs no values
+
+
+def test_a_number_made_an_integer_at_once(source: str) -> None:
+    assert int_of_item(source, _line("index = int("))
+    assert not int_of_item(source, _line("scale = float("))
+    assert not int_of_item(source, _line("x.sum() > 0"))
+

@@ -853,6 +853,18 @@ def test_a_number_drawn_in_forward_is_taken_at_its_largest_by_the_real_forward_a
     assert "one real CPU forward" in trace.uncertain["data_dependent_shape"]
 
 
+def test_a_draw_over_one_choice_is_exact():
+    # torchvision's default detectors have one min_size: int() of a draw in [0, 1) is 0 whatever is drawn
+    class OneScale(_MultiScale):
+        SCALES = (64,)
+
+    w = Workload(model=OneScale, batch=lambda n: (torch.randn(n, 3, 32, 32),), batch_size=16,
+                 loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    trace = trace_workload(w, GPU)
+    assert {a.shape[-1] for a in trace.allocs if a.op == "convolution" and a.phase == "forward"} == {64}
+    assert "value_read" not in trace.uncertain
+
+
 def test_a_constructor_that_sizes_layers_by_tensor_values_is_built_for_real():
     # timm's RegNet computes its stage widths with torch.unique in __init__: fake tensors have no values, so the
     # model is built for real and traced with fake copies of its parameters

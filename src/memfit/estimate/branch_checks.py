@@ -1,5 +1,7 @@
 """Is a condition on tensor values only a check? Read from the source of the statement that asks it.
 
+(And ``int_of_item``: is a number read turned into an integer at once? A random draw read so may not vary at all.)
+
 A condition the trace answers from values it took elsewhere (the batch made for real, one real CPU forward) may go
 the other way on the user's data, and the other branch may need more memory: such a trace widens the upper bound
 (``value_branch``). Many of the conditions real training steps ask are checks of their inputs, whose other branch
@@ -24,7 +26,7 @@ import ast
 import functools
 import linecache
 
-__all__ = ["only_checks"]
+__all__ = ["int_of_item", "only_checks"]
 
 _WARNING_CALLS = frozenset({"warn", "warning", "warning_once", "warning_advice", "info", "debug", "log", "print"})
 """Functions a branch may call and still only warn: ``warnings.warn``, a logger's methods, ``print``."""
@@ -152,3 +154,19 @@ def _quiet(body: list[ast.stmt]) -> bool:
             continue  # a nested check (an elif): its own condition is a site of its own
         return False
     return True
+
+
+@functools.lru_cache(maxsize=256)
+def int_of_item(filename: str, lineno: int) -> bool:
+    """The number read at ``filename:lineno`` is turned into an integer at once: ``int(<tensor>.item())`` spans the
+    line (torchvision's ``torch_choice``: ``int(torch.empty(1).uniform_(0.0, float(len(k))).item())``)."""
+    tree = _tree(filename)
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "int"
+                and len(node.args) == 1 and _call_name(node.args[0]) == "item"
+                and node.lineno <= lineno <= (node.end_lineno or node.lineno)):
+            return True
+    return False
+

@@ -12,6 +12,7 @@ from a request to trace again with values (``ValuesNeededToTrace``) or a read ta
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from typing import Any, Protocol
 
@@ -20,7 +21,7 @@ import torch
 from memfit import _torch_private as tp
 from memfit.estimate import values
 from memfit.estimate.bound import UncertaintyReason
-from memfit.estimate.branch_checks import only_checks
+from memfit.estimate.branch_checks import int_of_item, only_checks
 from memfit.estimate.data_dependent import (
     SMALL_MASK_BYTES,
     IndexBounds,
@@ -35,8 +36,8 @@ from memfit.estimate.value_reads import (
     CONDITION,
     RANDOM_OPS,
     ValuesNeededToTrace,
+    draw_range,
     in_initializer,
-    largest_draw,
     reads,
     user_frame,
     user_location,
@@ -107,8 +108,8 @@ class StepValues:
         and its matcher checks the predicted boxes, theirs included, with ``.all()``): a condition on it is on the
         values, which the real forward decides, as for dropout (``RANDOM_OPS``)."""
         self._draw_top: Any = tp.WeakIdKeyDictionary()
-        """One-element draws of forward and loss -> the largest value each can take, which a read as a number gets
-        (``largest_draw``), in the real forward and in the trace alike."""
+        """One-element draws of forward and loss -> the smallest and the largest value each can take
+        (``draw_range``); a read as a number gets the largest, in the real forward and in the trace alike."""
         self._warned_read = False
 
     def begin_forward(self) -> None:
@@ -136,16 +137,23 @@ class StepValues:
 
     # ------------------------------------------------------------ value reads
     def drawn_top(self, t: torch.Tensor) -> Any:
-        """A one-element random draw of forward or loss read as a number: its largest value (``largest_draw``), in
+        """A one-element random draw of forward or loss read as a number: its largest value (``draw_range``), in
         the real forward and the trace alike; None for any other read."""
         if t.dtype == torch.bool or self._recording.phase not in ("forward", "loss"):
             return None
-        top = self._draw_top.get(t.untyped_storage())
-        if top is not None:
+        found = self._draw_top.get(t.untyped_storage())
+        if found is None:
+            return None
+        low, top = found
+        frame = user_location()
+        if not (frame is not None and frame.lineno is not None and int_of_item(frame.filename, frame.lineno)
+                and math.floor(low) == math.floor(top)):
+            # other draws may pick other sizes; not where the number is made an integer at once and every draw
+            # gives the same one (torchvision's torch_choice over a single size: int() of a draw in [0, 1))
             self._recording.trace.uncertain.setdefault(
                 "value_read", f"a random draw read at {user_frame()} was taken at its largest ({top}): other draws "
                 "may pick smaller sizes")
-            self._keep_read(top)
+        self._keep_read(top)
         return top
 
     def _keep_read(self, value: Any) -> None:
@@ -329,9 +337,9 @@ class StepValues:
                 for t in output_tensors(out):
                     self._drawn[t.untyped_storage()] = True
         if name in RANDOM_OPS:
-            top = largest_draw(name, args, kwargs, out)
-            if top is not None:
-                self._draw_top[out.untyped_storage()] = top
+            found = draw_range(name, args, kwargs, out)
+            if found is not None:
+                self._draw_top[out.untyped_storage()] = found
 
     def from_model(self, t: torch.Tensor) -> None:
         """``t`` holds the model's values (a parameter or buffer)."""

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 __all__ = ["CONDITION", "RANDOM_OPS", "ValuesNeededToBuild", "ValuesNeededToTrace", "in_initializer",
-           "largest_draw", "reads", "user_frame", "user_location", "where"]
+           "draw_range", "reads", "user_frame", "user_location", "where"]
 
 
 # frames in these folders are torch's or memfit's own; the first other frame is where the user's code is
@@ -60,8 +60,8 @@ its output is its input's values, scaled, so a condition on a dropped-out activa
 predicted boxes) is a condition on the model's values, which the real forward decides."""
 
 
-def largest_draw(name: str, args: Any, kwargs: dict[str, Any], out: Any) -> float | int | None:
-    """The largest value a one-element draw of ``name`` can take, or None for other draws.
+def draw_range(name: str, args: Any, kwargs: dict[str, Any], out: Any) -> tuple[float, float | int] | None:
+    """The smallest and the largest value a one-element draw of ``name`` can take, or None for other draws.
 
     A draw read as a number in forward usually picks a size: torchvision's detection transform resizes each
     training batch to ``min_size[int(torch.empty(1).uniform_(0, len(min_size)).item())]`` (multi-scale training,
@@ -78,12 +78,12 @@ def largest_draw(name: str, args: Any, kwargs: dict[str, Any], out: Any) -> floa
         ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
         if not ints:
             return None
-        return (ints[1] if len(ints) > 1 else ints[0]) - 1
+        return (ints[0] if len(ints) > 1 else 0), (ints[1] if len(ints) > 1 else ints[0]) - 1
     else:
         return None
     if out.is_floating_point():  # the largest value below `high` in the draw's own precision
-        return float(torch.nextafter(torch.tensor(float(high), dtype=out.dtype),
-                                     torch.tensor(float(low), dtype=out.dtype)))
+        return float(low), float(torch.nextafter(torch.tensor(float(high), dtype=out.dtype),
+                                                 torch.tensor(float(low), dtype=out.dtype)))
     return None
 
 
