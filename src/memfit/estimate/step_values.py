@@ -166,7 +166,8 @@ class StepValues:
         known = self.known.scalar(t)
         if known is None:
             return NOT_KNOWN
-        if condition is not None:
+        if condition is not None and (self.batch_values or self.real_forward is not None):
+            # a value from data may go another way on the user's (constants alone decide exactly: not noted)
             self._note_condition(from_values=True)
         if self.real and condition is not None and self.real_forward is not None:
             self.real_forward.conditions.append(bool(known))
