@@ -254,3 +254,31 @@ def test_check_above_takes_up_a_finished_record_without_running_its_trials_again
     assert all(c > bisected for c in caps[before:])  # the old trials are not run again
     assert record["bisected_fits_in_bytes"] == bisected
     assert window[1] <= record["fits_in_bytes"] <= window[1] + max(int(0.005 * 0.9 * need), 2 << 20)
+
+
+def test_report_takes_each_entry_from_the_last_folder_that_has_it(tmp_path: Path) -> None:
+    """report_corpus.join: a later measurement folder (--also) and a later predictions folder (--also-predictions)
+    win for the entries they hold; the others come from the first folders."""
+    import report_corpus
+
+    first, second = [e["id"] for e in json.loads((CORPUS / "corpus.json").read_text())["entries"]][:2]
+    folders = {name: tmp_path / name for name in ("pred", "pred2", "meas", "meas2")}
+    for folder in folders.values():
+        folder.mkdir()
+
+    def prediction(fits_in: int) -> dict:
+        return {"estimate": {"peak_allocated_bytes": GIB, "peak_reserved_bytes": 2 * GIB, "fits_in_bytes": fits_in,
+                             "fits_in_upper_bytes": fits_in + GIB, "uncertainty": []}}
+
+    def measurement(fits_in: int) -> dict:
+        return {"peak_allocated_bytes": GIB, "peak_reserved_bytes": 2 * GIB, "fits_in_bytes": fits_in, "error": ""}
+
+    for entry in (first, second):
+        (folders["pred"] / f"{entry}.json").write_text(json.dumps(prediction(2 * GIB)))
+        (folders["meas"] / f"{entry}.json").write_text(json.dumps(measurement(2 * GIB)))
+    (folders["pred2"] / f"{first}.json").write_text(json.dumps(prediction(3 * GIB)))
+    (folders["meas2"] / f"{second}.json").write_text(json.dumps(measurement(4 * GIB)))
+    rows = {r["id"]: r for r in report_corpus.join(folders["pred"], folders["meas"], also=(folders["meas2"],),
+                                                   also_predictions=(folders["pred2"],))}
+    assert (rows[first]["predicted_fits_in"], rows[first]["measured_fits_in"]) == (3 * GIB, 2 * GIB)
+    assert (rows[second]["predicted_fits_in"], rows[second]["measured_fits_in"]) == (2 * GIB, 4 * GIB)
