@@ -96,8 +96,8 @@ class EntryState:
     error: str = ""
     done: bool = False
     check_above: int = 0
-    """Caps to try above the bisection's answer, evenly spaced below the uncapped run's peak reserved (which always
-    runs), from the top down: a larger cap can run out of memory where a smaller one ran (session 27: FCN-ResNet50
+    """Caps to try above the bisection's answer, evenly spaced (at least ``ABOVE_MIN_SPACING`` apart) below the
+    uncapped run's peak reserved (which always runs), from the top down: a larger cap can run out of memory where a smaller one ran (session 27: FCN-ResNet50
     ran under 4.80 GB, ran out under 4.84, ran under 4.88), and ``fits_in`` is the smallest cap *at and above
     which* the step runs. The first that fails is bisected against the one above it; then the entry is done."""
     above_next: int = 0
