@@ -240,3 +240,21 @@ def test_write_pngs(est: Estimate, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match="not a directory"):
         write_pngs(_explanation(est, budget=None), tmp_path / "file")
+
+
+def test_terminal_says_which_reasons_widen_the_bound(est: Estimate) -> None:
+    import dataclasses
+
+    from rich.console import Console
+
+    from memfit.estimate.bound import Uncertainty
+    from memfit.report.terminal import render_estimate
+
+    reasons = [Uncertainty("value_branch", 0.25, "model.py:12 in forward"),
+               Uncertainty("value_check", 0.0, "model.py:7 in forward: only checks")]
+    console = Console(record=True, width=250)
+    render_estimate(dataclasses.replace(est, uncertainty=reasons), console)
+    text = " ".join(console.export_text().replace("│", " ").split())  # the table wraps its notes
+    assert "upper bound +25%: value_branch: model.py:12" in text
+    assert "noted, bound not widened: value_check: model.py:7" in text
+    assert "wider: value_branch" in text and "wider: value_check" not in text

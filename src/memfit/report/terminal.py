@@ -53,7 +53,7 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
         ("device", est.device_bytes, "fits in + CUDA context: what the GPU must have",
          measured.device_bytes if measured else None),
         ("device, upper bound", est.device_upper_bytes, "what a \"fits\" verdict promises is enough"
-         + "".join(f"; wider: {u.reason}" for u in est.uncertainty), None),
+         + "".join(f"; wider: {u.reason}" for u in est.uncertainty if u.widen or u.bytes), None),
     ]
     for label, value, note, meas in rows:
         extra = ""
@@ -97,6 +97,9 @@ def render_estimate(est: Estimate, console: Console, *, budget_bytes: int | None
     for w in est.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     for unsure in est.uncertainty:
+        if not (unsure.widen or unsure.bytes):  # named for the record (an input check, LayerDrop): nothing to doubt
+            console.print(f"[dim]noted, bound not widened:[/] {unsure.reason}: {unsure.detail}")
+            continue
         by = f"+{format_bytes(unsure.bytes)}" if unsure.bytes else f"+{unsure.widen:.0%}"
         console.print(f"[yellow]upper bound {by}:[/] {unsure.reason}: {unsure.detail}")
     if budget_bytes is not None:
