@@ -40,6 +40,11 @@ def _rebound(est: dict[str, Any]) -> int:
     return max(upper_bound(est["fits_in_replay_bytes"], reasons, extra)[0], est["fits_in_bytes"])
 
 
+def _last_with(name: str, folders: tuple[Path, ...]) -> Path:
+    """``name`` in the last of ``folders`` that has it, else in the first (which may not have it either)."""
+    return next((d / name for d in reversed(folders) if (d / name).exists()), folders[0] / name)
+
+
 def join(predictions: Path, measurements: Path, rebound: bool = False,
          also: tuple[Path, ...] = (), also_predictions: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
     """One row per corpus entry; an entry's measurement from the last of ``also`` that has it, else
@@ -49,10 +54,8 @@ def join(predictions: Path, measurements: Path, rebound: bool = False,
 
     rows = []
     for e in corpus.entries():
-        p_file = next((f for f in (d / f"{e['id']}.json" for d in reversed(also_predictions)) if f.exists()),
-                      predictions / f"{e['id']}.json")
-        m_file = next((f for f in (d / f"{e['id']}.json" for d in reversed(also)) if f.exists()),
-                      measurements / f"{e['id']}.json")
+        p_file = _last_with(f"{e['id']}.json", (predictions, *also_predictions))
+        m_file = _last_with(f"{e['id']}.json", (measurements, *also))
         p = json.loads(p_file.read_text()) if p_file.exists() else None
         m = json.loads(m_file.read_text()) if m_file.exists() else None
         row: dict[str, Any] = {"id": e["id"], "split": e["split"], "family": e["family"], "precision": e["precision"],

@@ -53,7 +53,9 @@ def only_checks(filename: str, lineno: int, *, from_values: bool = True) -> bool
     return False
 
 
-_FINITENESS_CALLS = frozenset({"isfinite", "isnan", "isinf", "isneginf", "isposinf", "all", "any"})
+_FINITENESS_TESTS = frozenset({"isfinite", "isnan", "isinf", "isneginf", "isposinf"})
+_FINITENESS_CALLS = _FINITENESS_TESTS | {"all", "any"}
+"""What a test of finiteness alone may call: the tests, and the reductions of their results."""
 
 
 def _finiteness_guard(test: ast.expr) -> bool:
@@ -63,7 +65,7 @@ def _finiteness_guard(test: ast.expr) -> bool:
     activations already overflowed (DETR's and Mask2Former's layers then clamp them)."""
     calls = [n for n in ast.walk(test) if isinstance(n, ast.Call)]
     return bool(calls) and all(_call_name(c) in _FINITENESS_CALLS for c in calls) and any(
-        _call_name(c) in {"isfinite", "isnan", "isinf", "isneginf", "isposinf"} for c in calls)
+        _call_name(c) in _FINITENESS_TESTS for c in calls)
 
 
 @functools.lru_cache(maxsize=64)

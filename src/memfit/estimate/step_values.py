@@ -150,8 +150,9 @@ class StepValues:
                 and math.floor(low) == math.floor(top)):
             # other draws may pick other sizes; not where the number is made an integer at once and every draw
             # gives the same one (torchvision's torch_choice over a single size: int() of a draw in [0, 1))
+            site = "an unknown place" if frame is None else where(frame)
             self._recording.trace.uncertain.setdefault(
-                "value_read", f"a random draw read at {user_frame()} was taken at its largest ({top}): other draws "
+                "value_read", f"a random draw read at {site} was taken at its largest ({top}): other draws "
                 "may pick smaller sizes")
         self._keep_read(top)
         return top
@@ -218,16 +219,20 @@ class StepValues:
         # the condition only checks the values (its other branch raises, warns or runs only on overflowed values:
         # value_check, not widened)
         reason: UncertaintyReason = "value_read"
-        if t.dtype == torch.bool:
-            reason = "value_check" if recording.phase in ("forward", "loss") \
-                and self._note_condition(from_values=False)[1] else "value_branch"
+        asked: str | None = None  # where, when _note_condition walked the stack for it already
+        if t.dtype == torch.bool and recording.phase in ("forward", "loss"):
+            asked, check = self._note_condition(from_values=False)
+            reason = "value_check" if check else "value_branch"
+        elif t.dtype == torch.bool:
+            reason = "value_branch"
         if reason not in recording.trace.uncertain:
+            asked = asked or user_frame()
             module = recording.module_stack[-1] if recording.module_stack else recording.phase
             recording.trace.uncertain[reason] = (
-                f"a condition on tensor values at {user_frame()} ({module}) was taken as False"
+                f"a condition on tensor values at {asked} ({module}) was taken as False"
                 + (" (it only checks the values: its other branch raises, warns or runs only on overflowed values)"
                    if reason == "value_check" else "")
-                if t.dtype == torch.bool else f"a tensor value read at {user_frame()} ({module}) was taken as 0")
+                if t.dtype == torch.bool else f"a tensor value read at {asked} ({module}) was taken as 0")
         if not self._warned_read:
             self._warned_read = True
             msg = (
