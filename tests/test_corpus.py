@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,32 @@ def test_physical_oom_is_told_apart_from_the_cap() -> None:
     assert not measure_corpus.physical_oom("RuntimeError: something else")
 
 
+def _on_simulated_gpu(monkeypatch: pytest.MonkeyPatch, trial: Callable[..., object]) -> None:
+    """measure_corpus.main on an 80 GiB GPU that is not there: ``trial`` stands in for each trial process."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("memfit.estimate.measure"), "run_trial", trial)
+    monkeypatch.setattr(measure_corpus, "_device", lambda: {
+        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
+    monkeypatch.setattr(measure_corpus, "_missing", lambda modules: "")
+
+
+def _trial_that_runs_if(runs: Callable[[int], bool], allocated: int, reserved: int,
+                        caps: list[int]) -> Callable[..., object]:
+    """A trial that runs iff ``runs(cap)``, with these peaks when it does; each cap tried is appended to ``caps``."""
+    import importlib
+
+    trial_type = importlib.import_module("memfit.estimate.measure").Trial
+
+    def trial(spec: str, *, cap_bytes: int, timeout_s: float, **_: object) -> object:
+        caps.append(cap_bytes)
+        ok = runs(cap_bytes)
+        return trial_type(ok, cap_bytes, allocated if ok else 0, reserved if ok else 0, 0, 0, 0.1,
+                          error="" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB.")
+
+    return trial
+
+
 def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
     """measure_corpus.main on a simulated 80 GiB GPU: every entry finishes with a cap within tolerance, physical
@@ -169,10 +196,7 @@ def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: p
             with lock:
                 running["bytes"] -= cap_bytes + measure_corpus.CONTEXT_BYTES
 
-    monkeypatch.setattr(measure, "run_trial", fake_trial)
-    monkeypatch.setattr(measure_corpus, "_device", lambda: {
-        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
-    monkeypatch.setattr(measure_corpus, "_missing", lambda modules: "")
+    _on_simulated_gpu(monkeypatch, fake_trial)
     argv = ["measure_corpus.py", "--out", str(tmp_path), "--ids", ",".join(ids), "--concurrency", "4",
             "--budget-s", "60"]
     monkeypatch.setattr(sys, "argv", argv)
@@ -191,22 +215,9 @@ def test_driver_measures_resumes_and_keeps_tickets_within_the_gpu(monkeypatch: p
 
 def test_a_peaks_only_record_seeds_the_bisection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """--no-bisect first, then a bisecting run with --done: the first trial is not run again."""
-    import importlib
-
-    measure = importlib.import_module("memfit.estimate.measure")
     entry = json.loads((CORPUS / "corpus.json").read_text())["entries"][0]["id"]
     need, caps = 5 * GIB, []
-
-    def fake_trial(spec: str, *, cap_bytes: int, timeout_s: float, **_: object) -> object:
-        caps.append(cap_bytes)
-        ok = cap_bytes >= need
-        return measure.Trial(ok, cap_bytes, int(need * 0.9) if ok else 0, int(need * 1.2) if ok else 0, 0, 0, 0.1,
-                             error="" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB.")
-
-    monkeypatch.setattr(measure, "run_trial", fake_trial)
-    monkeypatch.setattr(measure_corpus, "_device", lambda: {
-        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
-    monkeypatch.setattr(measure_corpus, "_missing", lambda modules: "")
+    _on_simulated_gpu(monkeypatch, _trial_that_runs_if(lambda cap: cap >= need, int(need * 0.9), int(need * 1.2), caps))
     peaks, full = tmp_path / "peaks", tmp_path / "full"
     monkeypatch.setattr(sys, "argv", ["m", "--out", str(peaks), "--ids", entry, "--no-bisect", "--budget-s", "60"])
     measure_corpus.main()
@@ -223,23 +234,11 @@ def test_check_above_takes_up_a_finished_record_without_running_its_trials_again
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A record bisected without the check (its answer in a lower window), then ``--check-above 5 --done``: only
     caps above the old answer run, and the new answer is above the window that ran out of memory."""
-    import importlib
-
-    measure = importlib.import_module("memfit.estimate.measure")
     entry = json.loads((CORPUS / "corpus.json").read_text())["entries"][0]["id"]
     need, window, reserved = 5 * GIB, (int(5.3 * GIB), int(5.45 * GIB)), 6 * GIB
     caps: list[int] = []
-
-    def fake_trial(spec: str, *, cap_bytes: int, timeout_s: float, **_: object) -> object:
-        caps.append(cap_bytes)
-        ok = cap_bytes >= need and not window[0] <= cap_bytes < window[1]
-        return measure.Trial(ok, cap_bytes, int(need * 0.9) if ok else 0, reserved if ok else 0, 0, 0, 0.1,
-                             error="" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB.")
-
-    monkeypatch.setattr(measure, "run_trial", fake_trial)
-    monkeypatch.setattr(measure_corpus, "_device", lambda: {
-        "gpu": "Simulated GPU", "total_bytes": 80 * GIB, "torch_version": "x", "cuda_version": "y"})
-    monkeypatch.setattr(measure_corpus, "_missing", lambda modules: "")
+    _on_simulated_gpu(monkeypatch, _trial_that_runs_if(
+        lambda cap: cap >= need and not window[0] <= cap < window[1], int(need * 0.9), reserved, caps))
     old, new = tmp_path / "old", tmp_path / "new"
     common = ["--ids", entry, "--predictions", str(tmp_path / "none"), "--budget-s", "60"]
     monkeypatch.setattr(sys, "argv", ["m", "--out", str(old), *common])
