@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from measure_corpus import ABOVE_MIN_SPACING  # noqa: E402
+from measure_corpus import ABOVE_MIN_SPACING, DONE_LINE  # noqa: E402
 
 GIB = 2**30
-_LINE = re.compile(r"^(\S+): done \(peak ([\d.]+) GiB, fits in ([\d.]+) GiB, (\d+) trials\)")
 
 
 def probes_without_failure(record: dict, check_above: int) -> int:
@@ -45,7 +43,7 @@ def main() -> None:
     held, moved = [], []
     for log in args.logs:
         for line in log.read_text().splitlines():
-            m = _LINE.match(line)
+            m = DONE_LINE.match(line)
             if not m or m.group(1) not in old:
                 continue
             rec = old[m.group(1)]

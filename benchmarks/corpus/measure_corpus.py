@@ -70,6 +70,10 @@ def physical_oom(error: str) -> bool:
     return free < wanted + (64 << 20)
 
 
+DONE_LINE = re.compile(r"^(\S+): done \(peak ([\d.]+) GiB, fits in ([\d.]+) GiB, (\d+) trials\)")
+"""The line ``main`` prints for each entry it finishes (id, peak allocated, fits_in, trials): what is left of a run
+whose folders did not come back (``benchmarks/zoo/report_zoo.py --logs``, ``above_logs.py``)."""
+
 ABOVE_MIN_SPACING = 0.01
 """The closest ``EntryState.check_above`` spaces its caps, a fraction of the answer: the out-of-memory windows an
 H200 showed above a bisected answer were 1-3 % wide (FCN-ResNet50 4.80-4.88 GB, PVT-v2 3.87-3.93, Video Swin-T

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
+from measure_corpus import DONE_LINE  # noqa: E402
+
 GIB = 2**30
-_LINE = re.compile(r"^(\S+): done \(peak ([\d.]+) GiB, fits in ([\d.]+) GiB, (\d+) trials\)")
 
 
 def _from_logs(folders: list[Path]) -> dict[str, dict[str, Any]]:
@@ -32,7 +34,7 @@ def _from_logs(folders: list[Path]) -> dict[str, dict[str, Any]]:
     for folder in folders:
         for log in sorted(folder.glob("*.log")):
             for line in log.read_text().splitlines():
-                m = _LINE.match(line)
+                m = DONE_LINE.match(line)
                 if not m:
                     continue
                 row = found.setdefault(m.group(1), {"source": f"{folder.name}/{log.name} (0.01 GiB)"})
