@@ -36,6 +36,7 @@ UncertaintyReason = Literal[
     "optimizer_state_rule",
     "reentrant_checkpoint",
     "conv_workspace_erratic",
+    "step_kept",
 ]
 
 # Widths, as fractions of the replayed cap. Each says what it covers and where it comes from.
@@ -90,6 +91,11 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # the largest such call's allowance (memfit.estimate.workspaces.pointwise_half_unsure_bytes), once, since a
     # workspace lives inside one call
     "conv_workspace_erratic": 0.0,
+    # tensors the first step's forward or backward made and kept (a module's position embeddings or anchors),
+    # taken as replaced by each later step's when the second step's forward and backward are copied from the first
+    # (memfit.estimate.step_copies.kept). Widened in bytes, not by a fraction: another two of them, should each
+    # step keep its own
+    "step_kept": 0.0,
 }
 
 _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACachingAllocator.cpp kLargeBuffer)

@@ -106,6 +106,9 @@ class Recorder(tp.TorchDispatchMode):
         self._born_in_node: dict[int, tuple[str, int] | None] = {}
         self._pending_sum: _PendingSum | None = None
         self.held_keys: list[int] = []
+        self.kept_keys: dict[int, int] = {}
+        """What the first step's forward and backward kept alive beyond grads and output (``step_copies.kept``): its
+        key there -> the key of the newest copy of it."""
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
@@ -182,6 +185,14 @@ class Recorder(tp.TorchDispatchMode):
     def key_of(self, storage: Any) -> int | None:
         """The allocation ``storage`` is tracked under; None if it is not tracked."""
         return self._live.get(storage)
+
+    def move_key(self, key: int, new: int) -> None:
+        """The storage tracked under ``key`` stands for the allocation ``new`` from now on (``key``'s free is in
+        the stream already: a copied step made ``new`` in its place)."""
+        storage = next((st for st, k in self._live.items() if k == key), None)
+        if storage is not None:
+            self.disown(storage)
+            self.own(storage, new)
 
     def own(self, storage: Any, key: int) -> None:
         """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
