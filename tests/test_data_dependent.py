@@ -288,15 +288,55 @@ def test_small_products_and_eval_batch_norms_compute():
     assert stand_ins(aten.relu.default, "relu", (x,), {}) is None
 
 
+def test_large_draws_of_the_real_forward_come_from_pools_of_their_distribution():
+    from memfit.estimate.data_dependent import DRAW_NUMEL, STAND_IN_NUMEL, ProductStandIns
+
+    stand_ins, aten = ProductStandIns(), torch.ops.aten
+    t = torch.zeros(2 * STAND_IN_NUMEL, dtype=torch.bfloat16)
+    assert stand_ins(aten.normal_.default, "normal_", (t, 0.5, 0.02), {}) is t
+    assert float(t.float().mean()) == pytest.approx(0.5, abs=1e-3)
+    assert float(t.float().std()) == pytest.approx(0.02, rel=0.02)
+    assert stand_ins(aten.uniform_.default, "uniform_", (t, -3.0, 1.0), {}) is t
+    assert -3.0 <= float(t.min()) < -2.99 and 0.99 < float(t.max()) <= 1.0
+    assert float(t.float().mean()) == pytest.approx(-1.0, abs=0.01)
+    x = torch.randn(STAND_IN_NUMEL)
+    out, mask = stand_ins(aten.native_dropout.default, "native_dropout", (x, 0.25, True), {})
+    assert mask.dtype == torch.bool and float(mask.float().mean()) == pytest.approx(0.75, abs=0.01)
+    torch.testing.assert_close(out, x * mask / 0.75)
+    # small ones, another generator's, evaluation-mode dropout and integers draw as usual
+    small = torch.zeros(DRAW_NUMEL // 2)
+    assert stand_ins(aten.normal_.default, "normal_", (small,), {}) is None
+    assert stand_ins(aten.normal_.default, "normal_", (t,), {"generator": torch.Generator()}) is None
+    assert stand_ins(aten.native_dropout.default, "native_dropout", (x, 0.25, False), {}) is None
+    assert stand_ins(aten.uniform_.default, "uniform_", (torch.zeros(STAND_IN_NUMEL, dtype=torch.int64),), {}) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_products_below_the_stand_in_size_compute_in_fp32(dtype):
+    from memfit.estimate.data_dependent import ProductStandIns
+
+    stand_ins, aten = ProductStandIns(), torch.ops.aten
+    a, b = torch.randn(8, 64, 32, dtype=dtype), torch.randn(8, 32, 48, dtype=dtype)
+    out = stand_ins(aten.bmm.default, "bmm", (a, b), {})
+    assert out.dtype == dtype and torch.equal(out, torch.bmm(a.float(), b.float()).to(dtype))
+    x, w = torch.randn(2, 8, 16, 16, dtype=dtype), torch.randn(4, 8, 3, 3, dtype=dtype)
+    conv = stand_ins(aten.convolution.default, "convolution", (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
+    assert conv.dtype == dtype and conv.shape == (2, 4, 16, 16)
+    assert stand_ins(aten.bmm.default, "bmm", (a.float(), b.float()), {}) is None  # fp32 computes as it is
+
+
 def test_a_real_forward_with_stood_in_products_sizes_a_mask_as_the_computed_one_does(monkeypatch):  # noqa: ANN001
     from memfit.estimate import data_dependent
 
-    calls = []
+    calls, drawn = [], []
     stand_in = data_dependent.ProductStandIns.__call__
 
     def counted(self, func, name, args, kwargs):  # noqa: ANN001, ANN202
         out = stand_in(self, func, name, args, kwargs)
-        calls.append(out is not None)
+        if name in ("mm", "addmm"):
+            calls.append(out is not None)
+        if out is not None:
+            drawn.append(name)
         return out
 
     monkeypatch.setattr(data_dependent.ProductStandIns, "__call__", counted)
@@ -305,6 +345,7 @@ def test_a_real_forward_with_stood_in_products_sizes_a_mask_as_the_computed_one_
                  batch_size=512)
     forward = trace_module._real_forward(w, GPU)
     assert calls.count(True) == 1  # the 512 × 1024 × 1024 product; the 1024 → 64 one (34 M) computes
+    assert drawn.count("uniform_") == 2  # the real build's weights (kaiming_uniform_), from the pool; biases: small
     (kept,) = [r for r in forward.returned if r.name == "index"]
     assert 0.3 * 512 < kept.shapes[0][0] and 0.3 * 512 < kept.outputs[0].shape[0] < 0.7 * 512
 

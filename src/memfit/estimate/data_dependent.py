@@ -310,6 +310,21 @@ the 2-core VM (benchmarks/results/estimate/estimate_time_noise_pool_cpu_torch2.1
 
 _STOOD_IN = frozenset({"convolution", "mm", "addmm", "bmm", "native_batch_norm"})
 
+DRAW_NUMEL = 1 << 14
+"""Draws (``_DRAWS``) of at least this many elements come from the pools: a window costs a few microseconds (a
+``randint`` for its place), a generator's pass over 16 k values about 0.2 ms."""
+
+_DRAWS = frozenset({"normal_", "uniform_", "native_dropout"})
+"""Random draws the real forward (and the real build before it) takes from pools of values drawn once: a generator's
+pass over every element costs 10-30 ns on the 2-core VM, the arithmetic over a pool's window about 1. Hugging Face's
+Switch Transformer (8 experts): its weights' ``normal_`` and ``uniform_`` and its forward's dropouts took 7 of the
+real forward's 12 s (session 29; ``ProductStandIns._draw``)."""
+
+_PRODUCTS_IN_FP32 = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution"})
+"""Half-precision products the real forward computes in fp32 and rounds back, as a GPU's tensor cores accumulate:
+on a CPU without bf16 units torch's own kernels for them are 7-30 times slower than fp32 (2-core AVX2 VM: a
+64 × 512 × 64 @ 64 × 64 × 512 bmm, 54 ms in fp32, 1.67 s in bf16, 1.57 s in fp16; session 29)."""
+
 
 class ProductStandIns:
     """Outputs for the real forward's large convolutions, matrix products and batch norms, without computing them.
@@ -328,6 +343,7 @@ class ProductStandIns:
 
     def __init__(self) -> None:
         self._noise = torch.empty(0)
+        self._uniform = torch.empty(0)
         self._pending: Any = tp.WeakIdKeyDictionary()
         """Stand-in outputs not written yet, by storage: ``(shape, mean, scale)`` of the noise they stand for."""
 
@@ -340,10 +356,65 @@ class ProductStandIns:
         the pending outputs it reads; a stand-in reads only its input's mean square, which the pending noise
         gives without writing it. ``.numpy()`` runs an op (a ``detach``); ``.tolist()``, which runs none, writes
         them through ``trace.HostCopies`` (``fill``)."""
-        out = self._stand_in(func, name, args, kwargs) if name in _STOOD_IN else None
+        out = (self._stand_in(func, name, args, kwargs) if name in _STOOD_IN
+               else self._draw(name, args, kwargs) if name in _DRAWS else None)
         if out is None and self._pending:
             self.fill(args, list(kwargs.values()))
+        if out is None and name in _PRODUCTS_IN_FP32:
+            out = _in_fp32(func, args, kwargs)
         return out
+
+    def _draw(self, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A large random draw from the pools (``_DRAWS``), or None: small, strided, or on a generator of its own
+        (the op draws as usual then)."""
+        t = args[0]
+        if (t.numel() < DRAW_NUMEL or not t.is_floating_point() or not t.is_contiguous()
+                or kwargs.get("generator") is not None or t.untyped_storage() in self._pending):
+            return None
+        with tp.no_dispatch_modes():
+            if name == "normal_":  # (self, mean=0, std=1)
+                mean, std = (list(args[1:3]) + [0.0, 1.0][len(args) - 1:])[:2]
+                self._write_pool(t, self._normal_pool(), float(kwargs.get("std", std)), float(kwargs.get("mean", mean)))
+                return t
+            if name == "uniform_":  # (self, from=0, to=1)
+                low, high = (list(args[1:3]) + [0.0, 1.0][len(args) - 1:])[:2]
+                low, high = float(kwargs.get("from", low)), float(kwargs.get("to", high))
+                self._write_pool(t, self._uniform_pool(), high - low, low)
+                return t
+            p, train = float(args[1]), bool(args[2]) if len(args) > 2 else bool(kwargs.get("train", True))
+            if not train or not 0.0 < p < 1.0:
+                return None
+            # (input, p, train) -> (input × mask / (1 - p), mask): a kept element where the uniform draw is ≥ p
+            mask = torch.empty(t.shape, dtype=torch.bool)
+            self._write_pool(mask, self._uniform_pool(), 1.0, 0.0, at_least=p)
+            return t * mask * (1.0 / (1.0 - p)), mask
+
+    def _normal_pool(self) -> torch.Tensor:
+        if self._noise.numel() == 0:
+            self._noise = torch.randn(NOISE_POOL_NUMEL)
+        return self._noise
+
+    def _uniform_pool(self) -> torch.Tensor:
+        if self._uniform.numel() == 0:
+            self._uniform = torch.rand(NOISE_POOL_NUMEL)
+        return self._uniform
+
+    @staticmethod
+    def _write_pool(out: torch.Tensor, pool: torch.Tensor, scale: float, shift: float,
+                    at_least: float | None = None) -> None:
+        """Write ``shift + scale ×`` windows of ``pool`` at random places into the contiguous ``out``, each at most
+        half the pool (``at_least``: whether each value is at least that, into a bool ``out``)."""
+        flat = out.view(-1)
+        half = pool.numel() // 2
+        shift_t, scale_t = torch.tensor(shift), torch.tensor(scale)
+        for start in range(0, flat.numel(), half):
+            block = flat[start : start + half]
+            offset = int(torch.randint(0, pool.numel() - block.numel() + 1, ()))
+            window = pool[offset : offset + block.numel()]
+            if at_least is not None:
+                torch.ge(window, at_least, out=block)
+            else:
+                torch.addcmul(shift_t, window, scale_t, out=block)
 
     def fill(self, *items: Any) -> None:
         """Write the pending stand-in outputs among the tensors of ``items`` (nested in lists and tuples)."""
@@ -448,6 +519,16 @@ class ProductStandIns:
                 start = int(torch.randint(0, self._noise.numel() - block.numel() + 1, ()))
                 window = self._noise[start : start + block.numel()].view(block.shape)
                 torch.addcmul(m, window, s, out=block)
+
+
+def _in_fp32(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``func`` over half-precision tensors (all of one dtype) computed in fp32 and rounded back, or None."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    dtype = tensors[0].dtype if tensors else None
+    if dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != dtype for t in tensors):
+        return None
+    with tp.no_dispatch_modes():
+        return func(*[a.float() if isinstance(a, torch.Tensor) else a for a in args], **kwargs).to(dtype)
 
 
 def _mean_square(t: torch.Tensor) -> float:

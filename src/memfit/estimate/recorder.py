@@ -109,6 +109,10 @@ class Recorder(tp.TorchDispatchMode):
         self.kept_keys: dict[int, int] = {}
         """What the first step's forward and backward kept alive beyond grads and output (``step_copies.kept``): its
         key there -> the key of the newest copy of it."""
+        self.kept_storages: dict[int, Any] = {}
+        """The storages standing for the newest copies (``kept_keys``), held until the next copy: the step the copy
+        stands for would keep its own until then, whatever drops the first step's (its output, when a copy hands
+        over the held output)."""
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
@@ -186,13 +190,14 @@ class Recorder(tp.TorchDispatchMode):
         """The allocation ``storage`` is tracked under; None if it is not tracked."""
         return self._live.get(storage)
 
-    def move_key(self, key: int, new: int) -> None:
+    def move_key(self, key: int, new: int) -> Any:
         """The storage tracked under ``key`` stands for the allocation ``new`` from now on (``key``'s free is in
-        the stream already: a copied step made ``new`` in its place)."""
+        the stream already: a copied step made ``new`` in its place); the storage, or None if it is gone."""
         storage = next((st for st, k in self._live.items() if k == key), None)
         if storage is not None:
             self.disown(storage)
             self.own(storage, new)
+        return storage
 
     def own(self, storage: Any, key: int) -> None:
         """``key``'s allocation is ``storage`` from now on, and is freed when it is."""
@@ -377,7 +382,7 @@ class Recorder(tp.TorchDispatchMode):
                 return known
         try:
             out = (values.stand_ins(func, name, args, kwargs)
-                   if values.stand_ins is not None and self.phase in ("forward", "loss") else None)
+                   if values.stand_ins is not None and self.phase in ("init", "forward", "loss") else None)
             if out is None and name == "lift_fresh":
                 out = self._lifted_scalar(args[0])
             if out is None:

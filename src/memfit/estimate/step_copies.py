@@ -275,7 +275,8 @@ def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer
     for first, previous in recorder.kept_keys.items():
         trace.ops.append(-1)
         trace.keys.append(previous)
-        recorder.move_key(previous, renamed[first])  # the model's tensor stands for the copy's from now on
+        # the model's tensor stands for the copy's from now on, alive until the next step's copy replaces it
+        recorder.kept_storages[first] = recorder.move_key(previous, renamed[first])
         recorder.kept_keys[first] = renamed[first]
     moved.append(len(trace.ops))
     copied = ("forward", "loss", "backward")
