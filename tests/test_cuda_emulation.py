@@ -260,7 +260,7 @@ class _ConvDtypes(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("half_in_fp32", [False, True])
-def test_a_real_forwards_fp16_ops_compute_in_fp32_and_keep_fp16_results(half_in_fp32):
+def test_a_real_forwards_half_precision_ops_compute_in_fp32_and_keep_their_dtype(half_in_fp32):
     # the real CPU forward that sizes a detector's outputs (trace._real_forward) computes fp16 convolutions in fp32:
     # same dtypes and nearly the same values as CUDA's fp16 kernels, at CPU fp32 speed; a traced step never does
     conv = torch.nn.Conv2d(4, 8, 3)
@@ -271,9 +271,14 @@ def test_a_real_forwards_fp16_ops_compute_in_fp32_and_keep_fp16_results(half_in_
     assert seen.seen == [torch.float32 if half_in_fp32 else torch.float16]
     reference = torch.nn.functional.conv2d(x.half().float(), conv.weight.half().float(), conv.bias.half().float())
     torch.testing.assert_close(y.float(), reference.half().float(), rtol=2e-3, atol=2e-3)
+    # bf16 too: without bf16 units a CPU's bf16 kernels are as slow (AVX2: a bmm 31 times fp32's)
     with CudaSemantics(half_in_fp32=half_in_fp32), torch.autocast("cpu", dtype=torch.bfloat16), _ConvDtypes() as seen:
-        assert conv(x).dtype == torch.bfloat16
-    assert seen.seen == [torch.bfloat16]  # bf16 is fast on the CPU: computed as it is
+        y = conv(x)
+    assert y.dtype == torch.bfloat16
+    assert seen.seen == [torch.float32 if half_in_fp32 else torch.bfloat16]
+    reference = torch.nn.functional.conv2d(x.bfloat16().float(), conv.weight.bfloat16().float(),
+                                           conv.bias.bfloat16().float())
+    torch.testing.assert_close(y.float(), reference.bfloat16().float(), rtol=2e-2, atol=2e-2)
 
 
 def test_odd_channel_pointwise_filter_gradients_are_charged_or_bounded():

@@ -311,20 +311,6 @@ def test_large_draws_of_the_real_forward_come_from_pools_of_their_distribution()
     assert stand_ins(aten.uniform_.default, "uniform_", (torch.zeros(STAND_IN_NUMEL, dtype=torch.int64),), {}) is None
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_products_below_the_stand_in_size_compute_in_fp32(dtype):
-    from memfit.estimate.data_dependent import ProductStandIns
-
-    stand_ins, aten = ProductStandIns(), torch.ops.aten
-    a, b = torch.randn(8, 64, 32, dtype=dtype), torch.randn(8, 32, 48, dtype=dtype)
-    out = stand_ins(aten.bmm.default, "bmm", (a, b), {})
-    assert out.dtype == dtype and torch.equal(out, torch.bmm(a.float(), b.float()).to(dtype))
-    x, w = torch.randn(2, 8, 16, 16, dtype=dtype), torch.randn(4, 8, 3, 3, dtype=dtype)
-    conv = stand_ins(aten.convolution.default, "convolution", (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {})
-    assert conv.dtype == dtype and conv.shape == (2, 4, 16, 16)
-    assert stand_ins(aten.bmm.default, "bmm", (a.float(), b.float()), {}) is None  # fp32 computes as it is
-
-
 def test_a_real_forward_with_stood_in_products_sizes_a_mask_as_the_computed_one_does(monkeypatch):  # noqa: ANN001
     from memfit.estimate import data_dependent
 

@@ -159,15 +159,17 @@ def _cast_arguments(cast: Callable[[torch.Tensor], torch.Tensor], args: tuple[An
     return tuple(positional), {k: casted[k] for k in kwargs}
 
 
-def _half_in_fp32(op: tp.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``op`` on fp16 arguments, computed in fp32 and rounded back to fp16: the same dtypes and shapes as CUDA's
-    fp16 kernels (which accumulate in fp32 too), at CPU fp32 speed. torch 2.14's CPU fp16 convolution ran 190x
-    slower than fp32 on this project's 2-core AVX-512 machine (a 2 × 64 × 128² 3×3 conv: 2.9 s against 16 ms)."""
+def _half_in_fp32(op: tp.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], half: torch.dtype) -> Any:
+    """``op`` on arguments of the half precision ``half`` (fp16 or bf16), computed in fp32 and rounded back: the same
+    dtypes and shapes as CUDA's kernels (which accumulate in fp32 too), at CPU fp32 speed. torch 2.14's CPU fp16
+    convolution ran 190x slower than fp32 on this project's 2-core AVX-512 machine (a 2 × 64 × 128² 3×3 conv: 2.9 s
+    against 16 ms); on an AVX2 VM a 64 × 512 × 64 @ 64 × 64 × 512 bmm took 54 ms in fp32, 1.67 s in bf16 and 1.57 s
+    in fp16 (session 29)."""
     def up(t: torch.Tensor) -> torch.Tensor:
-        return t.float() if t.dtype == torch.float16 else t
+        return t.float() if t.dtype == half else t
 
     out = op(*_map_tensors(up, args), **{k: _map_tensors(up, v) for k, v in kwargs.items()})
-    return _map_tensors(lambda t: t.half() if t.dtype == torch.float32 else t, out)
+    return _map_tensors(lambda t: t.to(half) if t.dtype == torch.float32 else t, out)
 
 
 def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache,
@@ -181,8 +183,8 @@ def _autocast_kernel(op: tp.OpOverload, policy: str, cache: _CastCache,
             if policy == LOWER:
                 cast = functools.partial(cache.cast, dtype=lower, lower=lower)
                 args, kwargs = _cast_arguments(cast, args, kwargs, arg_names)
-                if lower == torch.float16 and semantics is not None and semantics.half_in_fp32:
-                    return _half_in_fp32(op, args, kwargs)
+                if semantics is not None and semantics.half_in_fp32:
+                    return _half_in_fp32(op, args, kwargs, lower)
             elif policy == FP32:
                 cast = functools.partial(cache.cast, dtype=torch.float32, lower=lower)
                 args, kwargs = _cast_arguments(cast, args, kwargs, arg_names)
@@ -465,7 +467,7 @@ class CudaSemantics:
 
     def __init__(self, gpu: GpuSpec | None = None, *, half_in_fp32: bool = False) -> None:
         self.half_in_fp32 = half_in_fp32
-        """Autocast's fp16 ops compute in fp32 and round to fp16: for real CPU tensors whose values alone matter
+        """Autocast's fp16 and bf16 ops compute in fp32 and round back: for real CPU tensors whose values alone matter
         (a real forward that sizes data-dependent outputs), never for a traced step (the casts would allocate)."""
         self.cache = _CastCache()
         self.rnn = RNNEmulation(gpu)

@@ -320,12 +320,6 @@ pass over every element costs 10-30 ns on the 2-core VM, the arithmetic over a p
 Switch Transformer (8 experts): its weights' ``normal_`` and ``uniform_`` and its forward's dropouts took 7 of the
 real forward's 12 s (session 29; ``ProductStandIns._draw``)."""
 
-_PRODUCTS_IN_FP32 = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution"})
-"""Half-precision products the real forward computes in fp32 and rounds back, as a GPU's tensor cores accumulate:
-on a CPU without bf16 units torch's own kernels for them are 7-30 times slower than fp32 (2-core AVX2 VM: a
-64 × 512 × 64 @ 64 × 64 × 512 bmm, 54 ms in fp32, 1.67 s in bf16, 1.57 s in fp16; session 29)."""
-
-
 class ProductStandIns:
     """Outputs for the real forward's large convolutions, matrix products and batch norms, without computing them.
 
@@ -360,8 +354,6 @@ class ProductStandIns:
                else self._draw(name, args, kwargs) if name in _DRAWS else None)
         if out is None and self._pending:
             self.fill(args, list(kwargs.values()))
-        if out is None and name in _PRODUCTS_IN_FP32:
-            out = _in_fp32(func, args, kwargs)
         return out
 
     def _draw(self, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -519,16 +511,6 @@ class ProductStandIns:
                 start = int(torch.randint(0, self._noise.numel() - block.numel() + 1, ()))
                 window = self._noise[start : start + block.numel()].view(block.shape)
                 torch.addcmul(m, window, s, out=block)
-
-
-def _in_fp32(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``func`` over half-precision tensors (all of one dtype) computed in fp32 and rounded back, or None."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    dtype = tensors[0].dtype if tensors else None
-    if dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != dtype for t in tensors):
-        return None
-    with tp.no_dispatch_modes():
-        return func(*[a.float() if isinstance(a, torch.Tensor) else a for a in args], **kwargs).to(dtype)
 
 
 def _mean_square(t: torch.Tensor) -> float:
