@@ -198,14 +198,3 @@ def test_plan_impossible_budget_or_bad_input_is_one_line_and_exit_2(args, messag
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("users", [None, "0"])
-def test_the_command_line_asks_for_huge_pages_unless_the_user_chose(users: str | None) -> None:
-    # torch reads THP_MEM_ALLOC_ENABLE once, at its first CPU allocation: the console script sets it before torch is
-    # imported, in its own process only, and a value the user set stays
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    if users is not None:
-        env["THP_MEM_ALLOC_ENABLE"] = users
-    code = ("import os, sys; from memfit import cli; cli._huge_pages_for_host_tensors(); "
-            "print(os.environ['THP_MEM_ALLOC_ENABLE'], 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == [users or "1", "False"]

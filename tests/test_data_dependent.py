@@ -277,6 +277,27 @@ def test_a_stand_in_output_is_written_when_an_op_reads_it_and_a_stand_in_takes_i
     assert float(first.std()) == pytest.approx(float(conv(*_conv_args(x, w1)).std()), rel=0.1)
 
 
+def test_a_stand_in_cast_to_another_dtype_stays_unwritten_and_keeps_its_scale():
+    from memfit.estimate.data_dependent import ProductStandIns
+
+    torch.manual_seed(0)
+    aten, stand_ins = torch.ops.aten, ProductStandIns()
+    x, w = torch.randn(4, 64, 64, 64), torch.randn(128, 64, 3, 3) * 0.05
+    out = stand_ins(aten.convolution.default, "convolution", _conv_args(x, w), {})
+    # autocast's product computed in fp32 and rounded back (CudaSemantics.half_in_fp32): the cast is a stand-in too
+    half = stand_ins(aten._to_copy.default, "_to_copy", (out,), {"dtype": torch.bfloat16})
+    assert half.dtype == torch.bfloat16 and half.shape == out.shape
+    assert out.untyped_storage() in stand_ins._pending and half.untyped_storage() in stand_ins._pending
+    # read, it is written with the product's scale
+    assert stand_ins(aten.relu.default, "relu", (half,), {}) is None
+    expected = float(torch.nn.functional.conv2d(x, w, padding=1).std())
+    assert float(half.float().std()) == pytest.approx(expected, rel=0.1)
+    # a cast that is not a plain dtype change, or of a view, writes and computes
+    assert stand_ins(aten._to_copy.default, "_to_copy", (out,), {"dtype": torch.float16,
+                                                                   "memory_format": torch.channels_last}) is None
+    assert out.untyped_storage() not in stand_ins._pending
+
+
 def test_small_products_and_eval_batch_norms_compute():
     from memfit.estimate.data_dependent import ProductStandIns
 

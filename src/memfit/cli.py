@@ -547,25 +547,12 @@ def _error(message: str, code: int = EXIT_USAGE) -> NoReturn:
     _exit(code)
 
 
-def _huge_pages_for_host_tensors() -> None:
-    """Ask torch for transparent huge pages on large CPU tensors (``THP_MEM_ALLOC_ENABLE``, read once at torch's
-    first CPU allocation, so set before torch is imported), unless the user chose otherwise.
-
-    Only real CPU tensors pay for it: the forward a detector's estimate runs for real on the CPU, and models built
-    for real. Each of their large tensors is fresh memory, and first-touching it a 4 KiB page at a time cost
-    more than the op writing it: a 164 MB float32 tensor's fill took 86 ms with 4 KiB pages and 20 ms with huge
-    ones on the 2-core VM (benchmarks/results/estimate/estimate_time_huge_pages_cpu_torch2.14_20261128.md). Only
-    the process of this command line: a library user's process keeps its own allocator settings."""
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
-
 def main() -> None:
     """The ``memfit`` console script. It ends the process (see ``_exit``): call ``app`` to embed the CLI.
 
     Exit codes: 0 success; 2 bad input (usage, values, files, an error in the user's code), one line on stderr;
     1 a memfit bug, one line asking for a report; 130 interrupted.
     """
-    _huge_pages_for_host_tensors()
     try:
         # standalone_mode=False hands back typer.Exit codes instead of raising them
         code = app(standalone_mode=False, prog_name="memfit")  # also as `python -m memfit.cli`
