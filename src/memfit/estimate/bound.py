@@ -93,8 +93,8 @@ WIDTHS: dict[UncertaintyReason, float] = {
     "conv_workspace_erratic": 0.0,
     # tensors the first step's forward or backward made and kept (a module's position embeddings or anchors),
     # taken as replaced by each later step's when the second step's forward and backward are copied from the first
-    # (memfit.estimate.step_copies.kept). Widened in bytes, not by a fraction: another two of them, should each
-    # step keep its own
+    # (memfit.estimate.step_copies.kept_is_small). Widened in bytes, not by a fraction: another two of them, should
+    # each step keep its own
     "step_kept": 0.0,
 }
 

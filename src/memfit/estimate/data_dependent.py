@@ -369,8 +369,8 @@ class ProductStandIns:
         t = args[0]
         pending = self._pending.get(t.untyped_storage())
         dtype = kwargs.get("dtype")
-        if (pending is None or len(args) > 1 or set(kwargs) - _PLAIN_CAST or dtype is None or not dtype.is_floating_point
-                or kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format)
+        if (pending is None or len(args) > 1 or set(kwargs) - _PLAIN_CAST or dtype is None
+                or not dtype.is_floating_point or kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format)
                 or kwargs.get("device") not in (None, t.device) or kwargs.get("layout") not in (None, torch.strided)
                 or not t.is_contiguous()
                 or t.numel() * t.element_size() != t.untyped_storage().nbytes()):
@@ -395,7 +395,8 @@ class ProductStandIns:
                 low, high = float(kwargs.get("from", low)), float(kwargs.get("to", high))
                 self._write_pool(t, self._uniform_pool(), high - low, low)
                 return t
-            p, train = float(args[1]), bool(args[2]) if len(args) > 2 else bool(kwargs.get("train", True))
+            p = float(args[1]) if len(args) > 1 else float(kwargs["p"])
+            train = bool(args[2]) if len(args) > 2 else bool(kwargs.get("train"))
             if not train or not 0.0 < p < 1.0:
                 return None
             # (input, p, train) -> (input × mask / (1 - p), mask): a kept element where the uniform draw is ≥ p

@@ -106,14 +106,14 @@ class Recorder(tp.TorchDispatchMode):
         self._born_in_node: dict[int, tuple[str, int] | None] = {}
         self._pending_sum: _PendingSum | None = None
         self.held_keys: list[int] = []
+        """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.kept_keys: dict[int, int] = {}
-        """What the first step's forward and backward kept alive beyond grads and output (``step_copies.kept``): its
-        key there -> the key of the newest copy of it."""
+        """What the first step's forward and backward kept alive beyond grads and output
+        (``step_copies.kept_is_small``): its key there -> the key of the newest copy of it."""
         self.kept_storages: dict[int, Any] = {}
         """The storages standing for the newest copies (``kept_keys``), held until the next copy: the step the copy
         stands for would keep its own until then, whatever drops the first step's (its output, when a copy hands
         over the held output)."""
-        """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
         self.real = real

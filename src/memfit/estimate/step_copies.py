@@ -175,34 +175,39 @@ def _hand_over_held(recorder: Recorder, held: list[Any], freed: list[Any], copie
 
 KEPT_MAX_SHARE = 0.005
 """What the first step's forward and backward may leave alive beyond the grads, the held output and the workspaces
-for its copy to be taken (``kept``), as a share of the step's peak of live bytes. Such tensors are a module's
-(Mask2Former's position embeddings, 4.7 MB, which the next forward replaces; Hugging Face's RT-DETR anchors,
+for its copy to be taken (``kept_is_small``), as a share of the step's peak of live bytes. Such tensors are a
+module's (Mask2Former's position embeddings, 4.7 MB, which the next forward replaces; Hugging Face's RT-DETR anchors,
 0.5 MB, cached; a GradScaler's scale). The copy makes them again and frees the earlier ones at its end: where the
 next forward replaces them sooner or reuses them, it over-counts their bytes for a while, no more. Were they a leak
 instead (a list of per-step outputs kept by the model), each later step would add its own, which the bound covers
 (``step_kept``, twice their bytes: the two steps after the first)."""
 
 
-def kept(trace: Trace, keys: set[int], end: int) -> set[int] | None:
-    """``keys`` (allocations of the first step's forward and backward still alive at event ``end``), if small
-    enough for the copy to treat as handed over from step to step (``KEPT_MAX_SHARE``), or None. Taken, they are
-    named in the bound's reasons, with the bytes another two of them would add."""
+def _kept_bytes(trace: Trace, keys: set[int]) -> int:
+    """What ``keys`` take of a peak, as the caching allocator rounds them (kMinBlockSize)."""
+    return sum(-(-max(trace.allocs[k].nbytes, MIN_BLOCK_SIZE) // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE for k in keys)
+
+
+def kept_is_small(trace: Trace, keys: set[int], end: int) -> bool:
+    """``keys`` (allocations of the first step's forward and backward still alive at event ``end``) are small enough
+    for the copy to treat as handed over from step to step (``KEPT_MAX_SHARE``)."""
     if not keys:
-        return keys
-    # as the caching allocator rounds them (kMinBlockSize): what each takes of the peak
-    nbytes = sum(-(-max(trace.allocs[k].nbytes, MIN_BLOCK_SIZE) // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE for k in keys)
+        return True
     live = peak = 0
     for o, k in zip(trace.ops[:end], trace.keys[:end], strict=True):
         live += o * trace.allocs[k].nbytes
         peak = max(peak, live)
-    if nbytes > KEPT_MAX_SHARE * peak:
-        return None
+    return _kept_bytes(trace, keys) <= KEPT_MAX_SHARE * peak
+
+
+def _name_kept(trace: Trace, keys: set[int]) -> None:
+    """The bound's reason for ``keys`` taken as handed over, with the bytes another two of them would add."""
+    nbytes = _kept_bytes(trace, keys)
     largest = trace.allocs[max(keys, key=lambda k: trace.allocs[k].nbytes)]
     trace.uncertain.setdefault("step_kept", (
         f"{len(keys)} tensor(s), {nbytes:,} bytes, made in the first step's forward or backward and kept after it "
         f"(the largest by {largest.op} in {largest.module or 'the step'}): taken as replaced by each later step's"))
     trace.uncertain_bytes["step_kept"] = 2 * nbytes
-    return keys
 
 
 def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer, step: int,
@@ -213,8 +218,8 @@ def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer
     do; the second step runs them again only to put the same allocations in the stream with the optimizer state
     alive. They are the same allocations if what the first step's forward and backward leave behind is the
     grads (which ``zero_grad`` has just freed), the cuBLAS workspaces (made once per thread, not again) and a
-    little the model keeps (``kept``: freed at the copy's end), and they free nothing made before them. Then the
-    events, phase marks and op costs are copied (less the workspaces), the grads are made again without a trace
+    little the model keeps (``kept_is_small``: freed at the copy's end), and they free nothing made before them.
+    Then the events, phase marks and op costs are copied (less the workspaces), the grads are made again without a trace
     (the optimizer reads them), under the keys of the copied grads, and the step goes on to its optimizer.
     Otherwise (False) the step is traced as usual.
 
@@ -242,17 +247,16 @@ def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer
         recorder.held_keys = [k for k in held_storages if k in born]
     held_keys = recorder.held_keys
     held_now = held_keys if step == 1 else list(held_storages)
-    if freed_by_zero_grad != set(grads.values()):
+    carried = alive - workspaces - set(grads.values()) - set(held_keys)
+    if freed_by_zero_grad != set(grads.values()) or not kept_is_small(trace, carried, end):
         return False
-    if step == 1:
-        carried = kept(trace, alive - workspaces - set(grads.values()) - set(held_keys), end)
-        if carried is None:
-            return False
-        recorder.kept_keys = {k: k for k in carried}
     if len(held_now) != len(held_keys) or any(
         trace.allocs[a].nbytes != trace.allocs[b].nbytes for a, b in zip(held_now, held_keys)
     ):
         return False
+    if step == 1 and carried:
+        recorder.kept_keys = {k: k for k in carried}
+        _name_kept(trace, carried)
     # where a traced step frees the last step's output: once its first forward has made the next one
     first_loss = next(at for at, name, s in marks if name == "loss" and s == 0)
     # the events, renamed; cuBLAS's workspaces exist already
