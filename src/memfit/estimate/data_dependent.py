@@ -370,10 +370,10 @@ class ProductStandIns:
         pending = self._pending.get(t.untyped_storage())
         dtype = kwargs.get("dtype")
         if (pending is None or len(args) > 1 or set(kwargs) - _PLAIN_CAST or dtype is None
-                or not dtype.is_floating_point or kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format)
+                or not dtype.is_floating_point
+                or kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format)
                 or kwargs.get("device") not in (None, t.device) or kwargs.get("layout") not in (None, torch.strided)
-                or not t.is_contiguous()
-                or t.numel() * t.element_size() != t.untyped_storage().nbytes()):
+                or not t.is_contiguous() or t.numel() * t.element_size() != t.untyped_storage().nbytes()):
             return None
         shape, mean, scale = pending
         return self._normal(shape, dtype, mean, scale)
@@ -388,7 +388,8 @@ class ProductStandIns:
         with tp.no_dispatch_modes():
             if name == "normal_":  # (self, mean=0, std=1)
                 mean, std = (list(args[1:3]) + [0.0, 1.0][len(args) - 1:])[:2]
-                self._write_pool(t, self._normal_pool(), float(kwargs.get("std", std)), float(kwargs.get("mean", mean)))
+                mean, std = float(kwargs.get("mean", mean)), float(kwargs.get("std", std))
+                self._write_pool(t, self._normal_pool(), std, mean)
                 return t
             if name == "uniform_":  # (self, from=0, to=1)
                 low, high = (list(args[1:3]) + [0.0, 1.0][len(args) - 1:])[:2]
@@ -513,8 +514,7 @@ class ProductStandIns:
         of ``NOISE_POOL_NUMEL`` values drawn once, a window at a random place for each block of at most half the
         pool: one pass over the output, and no random-number generator's pass over it (``torch.randn`` of 82 M
         values took 1.3 s on the 2-core VM; the arithmetic of a 41 M-value stand-in, about 0.03 s)."""
-        if self._noise.numel() == 0:
-            self._noise = torch.randn(NOISE_POOL_NUMEL)
+        noise = self._normal_pool()
         shape = tuple(out.shape)
         if len(shape) >= 3:  # (N, C, ...): one row per channel plane, its mean and scale in a column
             rows = out.view(shape[0] * shape[1], -1)
@@ -531,8 +531,8 @@ class ProductStandIns:
                 block = rows[r : r + height, c : c + width]
                 m, s = ((v[c : c + width] if per_column else v[r : r + height]) if v.dim() else v
                         for v in (mean, scale))
-                start = int(torch.randint(0, self._noise.numel() - block.numel() + 1, ()))
-                window = self._noise[start : start + block.numel()].view(block.shape)
+                start = int(torch.randint(0, noise.numel() - block.numel() + 1, ()))
+                window = noise[start : start + block.numel()].view(block.shape)
                 torch.addcmul(m, window, s, out=block)
 
 

@@ -107,13 +107,11 @@ class Recorder(tp.TorchDispatchMode):
         self._pending_sum: _PendingSum | None = None
         self.held_keys: list[int] = []
         """Keys of the output and loss that the plain loop holds after step 0 (``Workload.keep_output``)."""
-        self.kept_keys: dict[int, int] = {}
+        self.kept: dict[int, tuple[int, Any]] = {}
         """What the first step's forward and backward kept alive beyond grads and output
-        (``step_copies.kept_is_small``): its key there -> the key of the newest copy of it."""
-        self.kept_storages: dict[int, Any] = {}
-        """The storages standing for the newest copies (``kept_keys``), held until the next copy: the step the copy
-        stands for would keep its own until then, whatever drops the first step's (its output, when a copy hands
-        over the held output)."""
+        (``step_copies.kept_is_small``): its key there -> the key of the newest copy of it and the storage standing
+        for that copy, held until the next copy: the step the copy stands for would keep its own until then,
+        whatever drops the first step's (its output, when a copy hands over the held output)."""
         self.grad_keys: list[tuple[int, int]] | None = None
         """(parameter index in the optimizer, key of its grad's storage) as the first optimizer step begins."""
         self.real = real
@@ -190,14 +188,9 @@ class Recorder(tp.TorchDispatchMode):
         """The allocation ``storage`` is tracked under; None if it is not tracked."""
         return self._live.get(storage)
 
-    def move_key(self, key: int, new: int) -> Any:
-        """The storage tracked under ``key`` stands for the allocation ``new`` from now on (``key``'s free is in
-        the stream already: a copied step made ``new`` in its place); the storage, or None if it is gone."""
-        storage = next((st for st, k in self._live.items() if k == key), None)
-        if storage is not None:
-            self.disown(storage)
-            self.own(storage, new)
-        return storage
+    def storage_of(self, key: int) -> Any:
+        """The storage tracked under ``key``, or None if there is none."""
+        return next((st for st, k in self._live.items() if k == key), None)
 
     def own(self, storage: Any, key: int) -> None:
         """``key``'s allocation is ``storage`` from now on, and is freed when it is."""

@@ -219,8 +219,8 @@ def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer
     alive. They are the same allocations if what the first step's forward and backward leave behind is the
     grads (which ``zero_grad`` has just freed), the cuBLAS workspaces (made once per thread, not again) and a
     little the model keeps (``kept_is_small``: freed at the copy's end), and they free nothing made before them.
-    Then the events, phase marks and op costs are copied (less the workspaces), the grads are made again without a trace
-    (the optimizer reads them), under the keys of the copied grads, and the step goes on to its optimizer.
+    Then the events, phase marks and op costs are copied (less the workspaces), the grads are made again without a
+    trace (the optimizer reads them), under the keys of the copied grads, and the step goes on to its optimizer.
     Otherwise (False) the step is traced as usual.
 
     The plain loop (``keep_output``) also leaves the last output and loss behind, in ``held``; a traced step frees
@@ -255,7 +255,7 @@ def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer
     ):
         return False
     if step == 1 and carried:
-        recorder.kept_keys = {k: k for k in carried}
+        recorder.kept = {k: (k, recorder.storage_of(k)) for k in carried}
         _name_kept(trace, carried)
     # where a traced step frees the last step's output: once its first forward has made the next one
     first_loss = next(at for at, name, s in marks if name == "loss" and s == 0)
@@ -276,12 +276,13 @@ def replay_forward_backward(recorder: Recorder, optimizer: torch.optim.Optimizer
         trace.ops.append(o)
         trace.keys.append(renamed[k])
     # what the step before kept goes once this one has made its own (the latest a traced step could free it)
-    for first, previous in recorder.kept_keys.items():
+    for first, (previous, storage) in recorder.kept.items():
         trace.ops.append(-1)
         trace.keys.append(previous)
-        # the model's tensor stands for the copy's from now on, alive until the next step's copy replaces it
-        recorder.kept_storages[first] = recorder.move_key(previous, renamed[first])
-        recorder.kept_keys[first] = renamed[first]
+        if storage is not None:  # the model's tensor stands for the copy's from now on, freed already in the stream
+            recorder.disown(storage)
+            recorder.own(storage, renamed[first])
+        recorder.kept[first] = (renamed[first], storage)
     moved.append(len(trace.ops))
     copied = ("forward", "loss", "backward")
     marks.extend([(moved[at - start], name, step) for at, name, s in marks
