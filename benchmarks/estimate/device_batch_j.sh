@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 30's device calls (H200), from the repository root, writing under $OUT.
+#   bash benchmarks/estimate/device_batch_j.sh bound   # the steps outside the validation half closest to (or under)
+#       # the 4 % bound fitted this session, each run 3 times under its new bound's cap (cap_repeats.py): the cap
+#       # memfit's "fits" is decided with must run. Caps: fits_in_upper_bytes of the s30 accuracy files (--rebound)
+#   bash benchmarks/estimate/device_batch_j.sh tests   # the GPU tests (one GPU)
+set -u
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
+case "$1" in
+  bound)
+    mkdir -p "$OUT/bound_caps"
+    # entry:cap — r3d-18 (H100 need 5.1 %, left uncovered by the fit), the half-frozen ConvNeXt-T (the fit's
+    # closest, 0.1 % inside), WGAN-GP's critic (0.55 % inside), MViT-v1-B (0.6 % inside)
+    for pair in tv_r3d_18:2193620992 frozen_timm_convnext_half:2195718144 ho_wgan_gp_critic:1298137088 \
+                h3_tv_mvit_v1_b:5641338880; do
+      timeout 140 python3 benchmarks/estimate/cap_repeats.py "${pair%%:*}" --caps "${pair##*:}" --repeats 3 --jobs 3 \
+        --out "$OUT/bound_caps/${pair%%:*}.json" >> "$OUT/bound_caps/cap_repeats.log" 2>&1
+    done
+    cp "$OUT/card.txt" "$OUT/bound_caps/"
+    cat "$OUT/bound_caps/cap_repeats.log" | grep -v "^\[" | tail -n 8
+    ;;
+  tests)
+    timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
+      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    ;;
+esac
