@@ -3,6 +3,8 @@
 #   bash benchmarks/estimate/device_batch_j.sh bound   # the steps outside the validation half closest to (or under)
 #       # the 4 % bound fitted this session, each run 3 times under its new bound's cap (cap_repeats.py): the cap
 #       # memfit's "fits" is decided with must run. Caps: fits_in_upper_bytes of the s30 accuracy files (--rebound)
+#   bash benchmarks/estimate/device_batch_j.sh streams   # the allocator streams of r3d-18 (uncapped and under the
+#       # 4 % bound's cap) and of the half-frozen ConvNeXt-T (trace_entries.py --zoo)
 #   bash benchmarks/estimate/device_batch_j.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
@@ -18,6 +20,12 @@ case "$1" in
     done
     cp "$OUT/card.txt" "$OUT/bound_caps/"
     cat "$OUT/bound_caps/cap_repeats.log" | grep -v "^\[" | tail -n 8
+    ;;
+  streams)
+    # the allocator streams of the steps the 4 % bound missed or nearly missed, uncapped and under that bound's cap
+    timeout 300 python3 benchmarks/estimate/trace_entries.py --zoo tv_r3d_18 tv_r3d_18@2193620992 \
+      frozen_timm_convnext_half --out "$OUT" > "$OUT/streams.log" 2>&1
+    tail -n 5 "$OUT/streams.log"; ls -la "$OUT"
     ;;
   tests)
     timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \

@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 from measure_corpus import DONE_LINE  # noqa: E402
+from report_corpus import _rebound  # noqa: E402
 
 GIB = 2**30
 
@@ -86,6 +87,8 @@ def main() -> None:
     parser.add_argument("--title", default="")
     parser.add_argument("--only", default="", help="only entries whose name starts with this (e.g. h2_: one draw)")
     parser.add_argument("--note", default="", help="a paragraph under the header (which set, which code)")
+    parser.add_argument("--rebound", action="store_true",
+                        help="recompute each upper bound with the installed memfit's constants (memfit.estimate.bound)")
     args = parser.parse_args()
 
     preds = json.loads(Path(args.predictions).read_text())
@@ -95,6 +98,8 @@ def main() -> None:
     rows = []
     for r in [r for r in preds["rows"] if r["name"].startswith(args.only)]:
         est, meas = r.get("estimate") or {}, measured.get(r["name"], {})
+        if args.rebound and est.get("fits_in_replay_bytes"):
+            est = {**est, "fits_in_upper_bytes": _rebound(est)}
         rows.append({
             "name": r["name"], "library": r["library"],
             "reasons": [u["reason"] for u in est.get("uncertainty", [])],
