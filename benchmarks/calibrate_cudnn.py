@@ -335,6 +335,32 @@ def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=Fals
         return None
 
 
+def conv_3d_stem_rows() -> list[dict]:
+    """Video and volume stems: a 3-D convolution from 1-4 channels whose input needs no gradient (the batch), with
+    the anisotropic kernels and strides of torchvision's video models (R3D / MC3 3x7x7 stride 1x2x2, R(2+1)D 1x7x7)
+    and plain 3x3x3 ones; forward, then the filter gradient (the only backward call of a stem)."""
+    rows = []
+    shapes = [((3, 7, 7), (1, 2, 2), (1, 3, 3)), ((1, 7, 7), (1, 2, 2), (0, 3, 3)), ((3, 3, 3), (1, 1, 1), (1, 1, 1)),
+              ((3, 3, 3), (2, 2, 2), (1, 1, 1))]
+    for cin, (k, s, pad), (frames, size), n, dname in itertools.product((1, 2, 3, 4), shapes, ((16, 112), (8, 64)),
+                                                                     (2, 16), DTYPES):
+        dtype = DTYPES[dname]
+        try:
+            x = torch.randn(n, cin, frames, size, size, device="cuda", dtype=dtype)
+            w = torch.randn(64, cin, *k, device="cuda", dtype=dtype, requires_grad=True)
+            y, fwd = _transient(lambda: F.conv3d(x, w, stride=s, padding=pad))  # noqa: B023, F821
+            gy = torch.randn_like(y)
+            _, wgrad = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: B023, F821
+            rows.append(dict(kind="conv", dims=3, n=n, cin=cin, cout=64, k=list(k), stride=list(s), padding=list(pad),
+                             groups=1, transposed=False, frames=frames, size=size, dtype=dname, input_grad=False,
+                             in_bytes=x.numel() * x.element_size(), out_bytes=y.numel() * y.element_size(),
+                             w_bytes=w.numel() * w.element_size(), fwd_ws=fwd, wgrad_ws=wgrad))
+            del x, w, y, gy
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    return rows
+
+
 def lstm_rows() -> list[dict]:
     rows = []
     for layers, hidden, seq, n, dname in itertools.product((1, 3), (128, 384, 768), (32, 200), (8, 48), ("fp32", "bf16")):
@@ -387,7 +413,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
                                                 "conv_patchify", "conv_patchify_wgrad", "conv_head_half",
-                                                "conv_3d_half", "conv_3d_head_half", "lstm", "rnn"),
+                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "lstm", "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
@@ -398,7 +424,8 @@ def main() -> None:
                 "conv_pointwise_small_half": conv_pointwise_small_half_rows, "conv_big_weight": conv_big_weight_rows, "conv_odd_channels_half": conv_odd_channels_half_rows,
                 "conv_patchify": conv_patchify_rows, "conv_patchify_wgrad": conv_patchify_wgrad_rows,
                 "conv_head_half": conv_head_half_rows,
-                "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows, "lstm": lstm_rows,
+                "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows,
+                "conv_3d_stem": conv_3d_stem_rows, "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)

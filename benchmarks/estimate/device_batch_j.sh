@@ -5,6 +5,7 @@
 #       # memfit's "fits" is decided with must run. Caps: fits_in_upper_bytes of the s30 accuracy files (--rebound)
 #   bash benchmarks/estimate/device_batch_j.sh streams   # the allocator streams of r3d-18 (uncapped and under the
 #       # 4 % bound's cap) and of the half-frozen ConvNeXt-T (trace_entries.py --zoo)
+#   bash benchmarks/estimate/device_batch_j.sh stem   # 3-D stems' cuDNN blocks, and two video CNNs' streams
 #   bash benchmarks/estimate/device_batch_j.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
@@ -26,6 +27,14 @@ case "$1" in
     timeout 300 python3 benchmarks/estimate/trace_entries.py --zoo tv_r3d_18 tv_r3d_18@2193620992 \
       frozen_timm_convnext_half --out "$OUT" > "$OUT/streams.log" 2>&1
     tail -n 5 "$OUT/streams.log"; ls -la "$OUT"
+    ;;
+  stem)
+    # 3-D stems (video, volumes) from 1-4 channels: forward and filter-gradient blocks (calibrate_cudnn.py
+    # --only conv_3d_stem), and the allocator streams of the other video CNNs with such a stem
+    timeout 300 python3 benchmarks/calibrate_cudnn.py --only conv_3d_stem --out "$OUT" > "$OUT/stem.log" 2>&1
+    mkdir -p "$OUT/video" && timeout 200 python3 benchmarks/estimate/trace_entries.py --zoo tv_r2plus1d_18 h2_tv_mc3_18 \
+      --out "$OUT/video" >> "$OUT/stem.log" 2>&1
+    tail -n 4 "$OUT/stem.log"; ls "$OUT" "$OUT/video"
     ;;
   tests)
     timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
