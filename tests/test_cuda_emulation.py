@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -394,6 +396,30 @@ def test_a_volume_input_layer_takes_no_forward_workspace_in_fp32_and_bf16():
             assert charged == r["fwd_ws"] == 0
         elif r["fwd_ws"]:
             assert 0 <= r["fwd_ws"] - charged <= 4096, r
+
+
+def test_video_and_volume_stems_take_what_cudnn_took_in_forward():
+    # 3-D convolutions from 1-3 channels to 64 (torchvision's video stems 3x7x7 and 1x7x7 at stride 1x2x2, 3x3x3 at
+    # stride 1 and 2), forward, 144 calls: fp16 converts the output and the unpadded input from 2-3 channels; bf16
+    # nothing but the padded conversion of 1x7x7 kernels at batch 16 (+ up to 44 KB; charged at every batch);
+    # fp32 nothing for 3x3x3, the unpadded conversion for the others
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    rows = [r for r in _grid("cudnn_calibration_conv_3d_stem_h200_torch2.11_20261129") if r["cin"] <= 3]
+    assert len(rows) == 144
+    for r in rows:
+        itemsize = 4 if r["dtype"] == "fp32" else 2
+        k, s, p = r["k"], r["stride"], r["padding"]
+        size = (r["frames"], r["size"], r["size"])
+        out = tuple((x + 2 * pp - kk) // ss + 1 for x, kk, ss, pp in zip(size, k, s, p))
+        charged = conv_workspace_bytes((r["n"], r["cin"], *size), (64, r["cin"], *k), (r["n"], 64, *out),
+                                       itemsize=itemsize, stride=tuple(s), groups=1, transposed=False,
+                                       half=itemsize == 2, fp16=r["dtype"] == "fp16")
+        assert r["out_bytes"] == r["n"] * 64 * math.prod(out) * itemsize
+        if r["dtype"] == "bf16" and k[0] == 1:
+            assert r["fwd_ws"] - charged <= 64 << 10, r  # the padded conversion + up to 44 KB, or nothing
+        else:  # two fp32 calls from 2 channels at batch 2 took 1.3-1.5 % more
+            assert 0 <= r["fwd_ws"] - charged <= max(4096, 0.02 * charged), r
 
 
 def test_volume_segmentation_heads_take_what_cudnn_took():
