@@ -3,6 +3,8 @@
 #   bash benchmarks/estimate/device_batch_j.sh bound   # the steps outside the validation half closest to (or under)
 #       # the 4 % bound fitted this session, each run 3 times under its new bound's cap (cap_repeats.py): the cap
 #       # memfit's "fits" is decided with must run. Caps: fits_in_upper_bytes of the s30 accuracy files (--rebound)
+#   bash benchmarks/estimate/device_batch_j.sh bound2   # the final 4.3 % bound's caps on its closest fit steps and
+#       # r3d-18 (3 runs each), then the GPU tests
 #   bash benchmarks/estimate/device_batch_j.sh streams   # the allocator streams of r3d-18 (uncapped and under the
 #       # 4 % bound's cap) and of the half-frozen ConvNeXt-T (trace_entries.py --zoo)
 #   bash benchmarks/estimate/device_batch_j.sh stem   # 3-D stems' cuDNN blocks, and two video CNNs' streams
@@ -21,6 +23,20 @@ case "$1" in
     done
     cp "$OUT/card.txt" "$OUT/bound_caps/"
     cat "$OUT/bound_caps/cap_repeats.log" | grep -v "^\[" | tail -n 8
+    ;;
+  bound2)
+    # the final fit (4.3 %, session-30 code): the fit steps closest to their bound, and r3d-18, 3 times each under it
+    mkdir -p "$OUT/bound_caps_final"
+    for pair in h3_tv_mvit_v1_b:5611978752 frozen_timm_convnext_half:2202009600 ho_wgan_gp_critic:1302331392 \
+                tv_r3d_18:2327838720; do
+      timeout 140 python3 benchmarks/estimate/cap_repeats.py "${pair%%:*}" --caps "${pair##*:}" --repeats 3 --jobs 3 \
+        --out "$OUT/bound_caps_final/${pair%%:*}.json" >> "$OUT/bound_caps_final/cap_repeats.log" 2>&1
+    done
+    cp "$OUT/card.txt" "$OUT/bound_caps_final/"
+    grep -v "^\[" "$OUT/bound_caps_final/cap_repeats.log" | tail -n 8
+    timeout 400 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
+      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
     ;;
   streams)
     # the allocator streams of the steps the 4 % bound missed or nearly missed, uncapped and under that bound's cap
