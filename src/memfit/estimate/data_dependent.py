@@ -19,7 +19,7 @@ answers them here, cheapest first:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -418,15 +418,10 @@ class ProductStandIns:
     @staticmethod
     def _write_pool(out: torch.Tensor, pool: torch.Tensor, scale: float, shift: float,
                     at_least: float | None = None) -> None:
-        """Write ``shift + scale ×`` windows of ``pool`` at random places into the contiguous ``out``, each at most
-        half the pool (``at_least``: whether each value is at least that, into a bool ``out``)."""
-        flat = out.view(-1)
-        half = pool.numel() // 2
+        """Write ``shift + scale ×`` windows of ``pool`` at random places into the contiguous ``out``
+        (``_pool_windows``; ``at_least``: whether each value is at least that, into a bool ``out``)."""
         shift_t, scale_t = torch.tensor(shift), torch.tensor(scale)
-        for start in range(0, flat.numel(), half):
-            block = flat[start : start + half]
-            offset = int(torch.randint(0, pool.numel() - block.numel() + 1, ()))
-            window = pool[offset : offset + block.numel()]
+        for block, window, _, _ in _pool_windows(out.view(1, -1), pool):
             if at_least is not None:
                 torch.ge(window, at_least, out=block)
             else:
@@ -514,7 +509,6 @@ class ProductStandIns:
         of ``NOISE_POOL_NUMEL`` values drawn once, a window at a random place for each block of at most half the
         pool: one pass over the output, and no random-number generator's pass over it (``torch.randn`` of 82 M
         values took 1.3 s on the 2-core VM; the arithmetic of a 41 M-value stand-in, about 0.03 s)."""
-        noise = self._normal_pool()
         shape = tuple(out.shape)
         if len(shape) >= 3:  # (N, C, ...): one row per channel plane, its mean and scale in a column
             rows = out.view(shape[0] * shape[1], -1)
@@ -523,17 +517,25 @@ class ProductStandIns:
         else:  # (N, C): a row per sample, the channels along it
             rows = out.view(-1, shape[-1])
             per_column = True
-        half = NOISE_POOL_NUMEL // 2
-        width = min(rows.shape[1], half)
-        height = max(1, half // width)
-        for r in range(0, rows.shape[0], height):
-            for c in range(0, rows.shape[1], width):
-                block = rows[r : r + height, c : c + width]
-                m, s = ((v[c : c + width] if per_column else v[r : r + height]) if v.dim() else v
-                        for v in (mean, scale))
-                start = int(torch.randint(0, noise.numel() - block.numel() + 1, ()))
-                window = noise[start : start + block.numel()].view(block.shape)
-                torch.addcmul(m, window, s, out=block)
+        for block, window, r, c in _pool_windows(rows, self._normal_pool()):
+            m, s = ((v[c : c + block.shape[1]] if per_column else v[r : r + block.shape[0]]) if v.dim() else v
+                    for v in (mean, scale))
+            torch.addcmul(m, window, s, out=block)
+
+
+def _pool_windows(rows: torch.Tensor, pool: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    """The blocks of the 2-D ``rows``, each at most half of ``pool``, row bands of whole rows where rows are narrower
+    than that; with each, a window of ``pool`` of its shape at a random place, and the block's first row and column."""
+    if rows.numel() == 0:
+        return
+    half = pool.numel() // 2
+    width = min(rows.shape[1], half)
+    height = max(1, half // width)
+    for r in range(0, rows.shape[0], height):
+        for c in range(0, rows.shape[1], width):
+            block = rows[r : r + height, c : c + width]
+            start = int(torch.randint(0, pool.numel() - block.numel() + 1, ()))
+            yield block, pool[start : start + block.numel()].view(block.shape), r, c
 
 
 def _mean_square(t: torch.Tensor) -> float:
