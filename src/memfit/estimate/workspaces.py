@@ -30,17 +30,18 @@ stream (bf16, batch 64 at 224², s1327_frozen_cnn_r502, where the charged 105 MB
 Larger batches were not measured and keep the conversion block. Backward converts (input padded to 8 channels)."""
 VOLUME_INPUT_MAX_CHANNELS = 3
 """A 3-D convolution from at most this many channels (a U-Net's input layer on CT or MRI volumes, a video model's
-stem), whose kernel is not its stride, forward. 3 x 3 x 3 stride 1 from 1-2 channels (32 calls of three grids: 1 ->
-32 at 96-224³, 2 -> 24 at 24-80³, batch 1-3): no conversion in fp32 and bf16, and in fp16 the output (and the input
-from 2 channels) + 2-3 KB; the padded conversion charged before was 7 x the input too much there, and a fit-side
-bf16 3-D U-Net (probe_cases.py, s1327_unet_r504, 1 channel at 64³) had its cap 5 % high from it
+stem), whose kernel is not its stride, forward. 3x3x3 stride 1 from 1-2 channels (32 calls of three grids: 1 -> 32
+at 96-224³, 2 -> 24 at 24-80³, batch 1-3): no conversion in fp32 and bf16, and in fp16 the output (and the input
+from 2 channels) + 2-3 KB; the padded conversion charged before was 7x the input too much there, and a fit-side bf16
+3-D U-Net (probe_cases.py, s1327_unet_r504, 1 channel at 64³) had its cap 5 % high from it
 (cudnn_calibration_{h200,conv_large_h200,conv_3d_xl_h200}_torch2.11_20261126.json). Stems from 1-3 channels to 64
-(3 x 7 x 7 and 1 x 7 x 7 at stride 1 x 2 x 2 as torchvision's video models, 3 x 3 x 3 at stride 1 and 2; 8 x 64² and
-16 x 112², batch 2 and 16; 144 calls: cudnn_calibration_conv_3d_stem_h200_torch2.11_20261129.json): fp16 the same
-on all 48 (the input unpadded from 2-3 channels, where the generic rule pads it to 8: R3D-18's 3-channel stem was
-charged 147 MiB for 116); bf16 none, but 1 x 7 x 7 kernels at batch 16 took the generic padded conversion + up to 44 KB (6 of 6;
-charged at every batch); fp32 none for 3 x 3 x 3 kernels (24 of 24), the unpadded conversion for the others (24 of
-24, two of them 1.3-1.5 % more; the generic rule pads to 4). From 4 channels the generic rule held (half) or was above (fp32)."""
+(3x7x7 and 1x7x7 at stride 1x2x2 as torchvision's video models, 3x3x3 at stride 1 and 2; 8x64² and 16x112², batch 2
+and 16; 144 calls: cudnn_calibration_conv_3d_stem_h200_torch2.11_20261129.json): fp16 the same on all 48 (the input
+unpadded from 2-3 channels, where the generic rule pads it to 8: R3D-18's 3-channel stem was charged 147 MiB for
+116); bf16 none, but 1x7x7 kernels at batch 16 took the generic padded conversion + up to 44 KB (6 of 6; charged at
+every batch); fp32 none for 3x3x3 kernels (24 of 24), the unpadded conversion for the others (24 of 24, two of them
+1.3-1.5 % more; the generic rule pads to 4). From 4 channels the generic rule held (half) or was above (fp32).
+Kernels other than 3x3x3 at stride 1 were not measured: none assumed there, as 3x3x3 ones took."""
 LARGE_3D_POINTWISE_FP32 = 80
 """The largest size per axis at which 3-D 1x1 fp32 convolutions were measured to run backward without a workspace."""
 HEAD_FP32_MAX_COUT, HEAD_FP32_MIN_CIN = 8, 16
@@ -78,9 +79,12 @@ def conv_workspace_bytes(
         if fp16:
             converted_input = _nbytes(input_shape, itemsize) if input_shape[1] > 1 else 0
             return converted_input + _nbytes(output_shape, itemsize) + _nbytes(weight_shape, itemsize)
-        if half:  # bf16: none, but in-plane kernels (1 x k x k) took the padded conversion at batch 16
-            return _padded_conversion(input_shape, weight_shape, output_shape, itemsize) if kernel[0] == 1 else 0
-        if len(set(kernel)) == 1:  # fp32, a cubic kernel: none
+        # bf16 and fp32 as measured; from stride 1 everywhere as 3 x 3 x 3 kernels were (none), whatever the kernel
+        strided = any(x > 1 for x in stride)
+        if half:  # bf16: none, but in-plane kernels (1 x k x k, strided) took the padded conversion at batch 16
+            return _padded_conversion(input_shape, weight_shape, output_shape, itemsize) if (
+                kernel[0] == 1 and strided) else 0
+        if len(set(kernel)) == 1 or not strided:  # fp32: none for a cubic kernel
             return 0
         return _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize) + _nbytes(weight_shape, itemsize)
     if _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
