@@ -281,3 +281,27 @@ def test_report_takes_each_entry_from_the_last_folder_that_has_it(tmp_path: Path
                                                    also_predictions=(folders["pred2"],))}
     assert (rows[first]["predicted_fits_in"], rows[first]["measured_fits_in"]) == (3 * GIB, 2 * GIB)
     assert (rows[second]["predicted_fits_in"], rows[second]["measured_fits_in"]) == (2 * GIB, 4 * GIB)
+
+
+def test_the_bound_fit_covers_every_fit_step_and_says_which_set_each_constant() -> None:
+    import fit_bound
+
+    mib = 2**20
+
+    def step(name: str, measured_mib: float, reasons: tuple[str, ...] = (), reason_bytes: int = 0) -> dict:
+        return {"id": name, "set": "zoo", "replayed": 1000 * mib, "measured": int(measured_mib * mib),
+                "need": measured_mib / 1000 - 1, "reasons": list(reasons), "reason_bytes": reason_bytes}
+
+    needs = [step("plain", 1030), step("worst", 1041.5),
+             step("erratic", 1050, ("conv_workspace_erratic",), reason_bytes=20 * mib),  # 3 % beyond its bytes
+             step("rnn", 1200, ("rnn_kernel",))]  # 20 %: more than the 10 % prior and the base cover
+    result = fit_bound.fit(needs, {"rnn_kernel": 0.10, "conv_workspace_erratic": 0.0})
+    assert result["base_margin"] == 0.042  # 4.15 % rounded up to 0.1 %
+    assert result["base_margin_set_by"]["entry"] == "worst"
+    assert result["widths"]["rnn_kernel"] == 0.16  # 20 % - 4.2 %, rounded up to 0.5 %
+    assert result["widths"]["conv_workspace_erratic"] == 0.0
+    assert result["base_slack_bytes"] == 0
+    for n in result["needs"]:  # every step at or under its bound
+        width = sum(result["widths"][r] for r in n["reasons"])
+        assert n["replayed"] * (1 + result["base_margin"] + width) + n["reason_bytes"] >= n["measured"], n["id"]
+    assert result["widths_set_by"]["rnn_kernel"]["entry"] == "rnn"

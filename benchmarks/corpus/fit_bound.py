@@ -6,13 +6,14 @@
 
 The fit steps: the corpus's fit half, and each zoo set given (the zoo and its draws: estimates from
 ``trace_coverage.py``, measured ``fits_in`` from ``report_zoo.py``'s rows). For each, what it needed beyond the
-estimate's replayed cap: measured ``fits_in`` / replayed - 1. The relative base margin is the largest such need
-beyond the widths and bytes the step's reasons add (their priors), rounded up to 0.1 % and never below the
-14-workload suite's worst miss before margins (``SUITE_WORST``); each reason's width is the larger of its prior and the largest relative need, beyond
-the base and the step's other widths, of the steps that recorded it; then the absolute slack is the largest
-remaining need in bytes, rounded up to 32 MiB (small steps miss by a few tens of MiB that no percentage of them
-covers). Writes ``bound_fit_<card>_torch<x.y>_<date>.json``; the constants in ``memfit/estimate/bound.py`` are then
-set from it by hand, citing the file, and ``report_corpus.py`` judges them on the validation half.
+estimate's replayed cap: measured ``fits_in`` / replayed - 1. The relative base margin is the largest such need,
+beyond the bytes its reasons add, of the steps that no reason widens by a fraction, rounded up to 0.1 % and never
+below the 14-workload suite's worst miss before margins (``SUITE_WORST``); each reason's width is the larger of its
+prior and the largest relative need, beyond the base and the step's other widths, of the steps that recorded it;
+then the absolute slack is the largest remaining need in bytes, rounded up to 32 MiB (small steps miss by a few tens
+of MiB that no percentage of them covers). Writes ``bound_fit_<card>_torch<x.y>_<date>.json``; the constants in
+``memfit/estimate/bound.py`` are then set from it by hand, citing the file, and ``report_corpus.py`` judges them on
+the validation half.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def fit(needs: list[dict], priors: dict[str, float]) -> dict:
     reason_bytes)."""
     for n in needs:
         n["beyond_reasons"] = n["need"] - sum(priors[o] for o in n["reasons"]) - n["reason_bytes"] / n["replayed"]
-    worst = max(needs, key=lambda n: n["beyond_reasons"])
+    # the base from the steps no reason widens by a fraction (a step that one does is its width's to cover)
+    worst = max((n for n in needs if not any(priors[o] for o in n["reasons"])), key=lambda n: n["beyond_reasons"])
     base = max(_up(SUITE_WORST, BASE_STEP), _up(worst["beyond_reasons"], BASE_STEP))
     widths, set_by = {}, {}
     for reason, prior in priors.items():
