@@ -42,15 +42,15 @@ UncertaintyReason = Literal[
 
 # Widths, as fractions of the replayed cap. Each says what it covers and where it comes from.
 BASE_MARGIN = 0.043
-"""Every estimate: the largest need beyond its reasons' widths and bytes of the 275 steps measured outside the
-corpus's validation half (its fit half, the zoo and its three draws), rounded up to 0.1 %: the third draw's MViT-v1-B,
-4.21 % (H200; then the zoo's half-precision ConvNeXt-T with its stem and first two stages frozen, 3.91 %, H100).
-It was 5 % from the 14-workload suite (a 3.4 % worst miss and room for segment placement) until session 30, whose
-first fit over these steps gave 5.2 %, set by the zoo's r3d-18 (5.10 % on an H100; on an H200 a cap 4 % above its
-replayed one ran out of memory three times of three: benchmarks/results/estimate/bound_caps_h200_torch2.11_20261129_s30/);
-its video stem's cuDNN block, sized since from a calibration grid (memfit.estimate.workspaces.VOLUME_INPUT_MAX_CHANNELS),
-had made its replay 4.8 % low. benchmarks/corpus/fit_bound.py ->
-benchmarks/results/estimate/bound_fit_h200_torch2.11_20261129_s30.json (fit data)."""
+"""Every estimate: the largest need, beyond the bytes its reasons add, of the 275 steps measured outside the corpus's
+validation half (its fit half, the zoo and its three draws) that no reason widens by a fraction, rounded up to 0.1 %:
+the third draw's MViT-v1-B, 4.21 % (H200; then the zoo's half-precision ConvNeXt-T with its stem and first two stages
+frozen, 3.91 %, H100). It was 5 % from the 14-workload suite (a 3.4 % worst miss and room for segment placement) until
+session 30, whose first fit over these steps gave 5.2 %, set by the zoo's r3d-18 (5.10 % on an H100; on an H200 a cap
+4 % above its replayed one ran out of memory three times of three:
+benchmarks/results/estimate/bound_caps_h200_torch2.11_20261129_s30/); its video stem's cuDNN block, sized since from a
+calibration grid (memfit.estimate.workspaces.VOLUME_INPUT_MAX_CHANNELS), had made its replay 4.8 % low.
+benchmarks/corpus/fit_bound.py -> benchmarks/results/estimate/bound_fit_h200_torch2.11_20261129_s30.json (fit data)."""
 BASE_SLACK_BYTES = 0
 """Every estimate, in bytes: the largest need left on the fit steps after the margin and the widths, rounded up to
 32 MiB: none (benchmarks/results/estimate/bound_fit_h200_torch2.11_20261129_s30.json; fit data; the closest step in
