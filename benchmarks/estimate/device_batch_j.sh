@@ -5,6 +5,8 @@
 #       # memfit's "fits" is decided with must run. Caps: fits_in_upper_bytes of the s30 accuracy files (--rebound)
 #   bash benchmarks/estimate/device_batch_j.sh bound2   # the final 4.3 % bound's caps on its closest fit steps and
 #       # r3d-18 (3 runs each), then the GPU tests
+#   bash benchmarks/estimate/device_batch_j.sh plans   # the 4.3 % margin's plans (plan_quality.py predict, committed)
+#       # run under their budgets' caps (plan_quality.py verify), then the GPU tests
 #   bash benchmarks/estimate/device_batch_j.sh streams   # the allocator streams of r3d-18 (uncapped and under the
 #       # 4 % bound's cap) and of the half-frozen ConvNeXt-T (trace_entries.py --zoo)
 #   bash benchmarks/estimate/device_batch_j.sh stem   # 3-D stems' cuDNN blocks, and two video CNNs' streams
@@ -37,6 +39,17 @@ case "$1" in
     timeout 400 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
       -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
     tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    ;;
+  plans)
+    # plans made with the 4.3 % margin (plan_quality.py predict, CPU), each run under its budget's cap in a fresh
+    # process; then the GPU tests with the session's final code
+    mkdir -p "$OUT/plan_verify"
+    timeout 300 python3 benchmarks/plan_quality.py verify --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 \
+      --out "$OUT/plan_verify" > "$OUT/plan_verify/verify.log" 2>&1
+    cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 14
+    timeout 280 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
+      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+    tail -n 3 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
     ;;
   streams)
     # the allocator streams of the steps the 4 % bound missed or nearly missed, uncapped and under that bound's cap
