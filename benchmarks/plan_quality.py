@@ -419,9 +419,16 @@ def lightning(args: argparse.Namespace) -> None:
 
 
 def _plan_changes(config: dict) -> dict:
-    return {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
-            "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
-            "channels_last": config["channels_last"], "precision": config["precision"]}
+    """The workload fields a plan's configuration sets (those a configuration of the grid, made before checkpoint
+    modes, loss implementations and optimizer-state options, leaves at their defaults)."""
+    changes = {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
+               "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
+               "channels_last": config["channels_last"], "precision": config["precision"]}
+    # until session 30 these were dropped: a plan that chose reentrant checkpointing ran non-reentrant under its cap
+    for key in ("checkpoint_mode", "loss_impl", "optimizer_state"):
+        if key in config:
+            changes[key] = config[key]
+    return changes
 
 
 def _calibrated_plans(w, pred: dict, caps: list[int]) -> dict:  # noqa: ANN001

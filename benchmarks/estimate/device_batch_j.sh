@@ -7,6 +7,7 @@
 #       # r3d-18 (3 runs each), then the GPU tests
 #   bash benchmarks/estimate/device_batch_j.sh plans   # the 4.3 % margin's plans (plan_quality.py predict, committed)
 #       # run under their budgets' caps (plan_quality.py verify), then the GPU tests
+#   bash benchmarks/estimate/device_batch_j.sh plans2  # the same plans with their checkpoint modes (the fix)
 #   bash benchmarks/estimate/device_batch_j.sh streams   # the allocator streams of r3d-18 (uncapped and under the
 #       # 4 % bound's cap) and of the half-frozen ConvNeXt-T (trace_entries.py --zoo)
 #   bash benchmarks/estimate/device_batch_j.sh stem   # 3-D stems' cuDNN blocks, and two video CNNs' streams
@@ -50,6 +51,13 @@ case "$1" in
     timeout 280 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
       -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
     tail -n 3 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    ;;
+  plans2)
+    # the plans again with the checkpoint mode they chose (plan_quality.py's _plan_changes had dropped it)
+    mkdir -p "$OUT/plan_verify"
+    timeout 400 python3 benchmarks/plan_quality.py verify --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 \
+      --out "$OUT/plan_verify" > "$OUT/plan_verify/verify.log" 2>&1
+    cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 14
     ;;
   streams)
     # the allocator streams of the steps the 4 % bound missed or nearly missed, uncapped and under that bound's cap
