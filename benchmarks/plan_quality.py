@@ -420,7 +420,7 @@ def lightning(args: argparse.Namespace) -> None:
 
 def _plan_changes(config: dict) -> dict:
     """The workload fields a plan's configuration sets (those a configuration of the grid, made before checkpoint
-    modes, loss implementations and optimizer-state options, leaves at their defaults)."""
+    modes, loss implementations and optimizer-state options, leaves at their defaults), in the plan's loop."""
     changes = {"batch_size": config["micro_batch"], "accumulation_steps": config["accumulation_steps"],
                "checkpoint": list(config["checkpoint"]), "optimizer_impl": config["optimizer_impl"],
                "channels_last": config["channels_last"], "precision": config["precision"]}
@@ -428,6 +428,9 @@ def _plan_changes(config: dict) -> dict:
     for key in ("checkpoint_mode", "loss_impl", "optimizer_state"):
         if key in config:
             changes[key] = config[key]
+    # the loop a plan is made for and applied in (memfit.plan.search: TrainStep drops each micro-batch's output
+    # before its backward); the workload's own, the plain loop, keeps it (GPT-2's 0.8 GB of bf16 logits)
+    changes["keep_output"] = False
     return changes
 
 

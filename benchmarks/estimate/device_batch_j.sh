@@ -8,6 +8,7 @@
 #   bash benchmarks/estimate/device_batch_j.sh plans   # the 4.3 % margin's plans (plan_quality.py predict, committed)
 #       # run under their budgets' caps (plan_quality.py verify), then the GPU tests
 #   bash benchmarks/estimate/device_batch_j.sh plans2  # the same plans with their checkpoint modes (the fix)
+#   bash benchmarks/estimate/device_batch_j.sh plans3  # GPT-2's plans in TrainStep's loop (keep_output False)
 #   bash benchmarks/estimate/device_batch_j.sh streams   # the allocator streams of r3d-18 (uncapped and under the
 #       # 4 % bound's cap) and of the half-frozen ConvNeXt-T (trace_entries.py --zoo)
 #   bash benchmarks/estimate/device_batch_j.sh stem   # 3-D stems' cuDNN blocks, and two video CNNs' streams
@@ -58,6 +59,14 @@ case "$1" in
     timeout 400 python3 benchmarks/plan_quality.py verify --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 \
       --out "$OUT/plan_verify" > "$OUT/plan_verify/verify.log" 2>&1
     cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 14
+    ;;
+  plans3)
+    # GPT-2's plans again in the loop they were made for (keep_output False: TrainStep's)
+    mkdir -p "$OUT/plan_verify"
+    timeout 300 python3 benchmarks/plan_quality.py verify --models gpt2 \
+      --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 --out "$OUT/plan_verify" \
+      > "$OUT/plan_verify/verify.log" 2>&1
+    cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 6
     ;;
   streams)
     # the allocator streams of the steps the 4 % bound missed or nearly missed, uncapped and under that bound's cap
