@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 30's device calls (H200), from the repository root, writing under $OUT.
 #   bash benchmarks/estimate/device_batch_j.sh bound   # the steps outside the validation half closest to (or under)
-#       # the 4 % bound fitted this session, each run 3 times under its new bound's cap (cap_repeats.py): the cap
+#       # the 4 % bound a first fit proposed (one that left its worst step out: dropped after this run), each run 3
+#       # times under that bound's cap (cap_repeats.py): the cap
 #       # memfit's "fits" is decided with must run. Caps: fits_in_upper_bytes of the s30 accuracy files (--rebound)
 #   bash benchmarks/estimate/device_batch_j.sh bound2   # the final 4.3 % bound's caps on its closest fit steps and
 #       # r3d-18 (3 runs each), then the GPU tests
@@ -18,7 +19,7 @@ set -u
 case "$1" in
   bound)
     mkdir -p "$OUT/bound_caps"
-    # entry:cap — r3d-18 (H100 need 5.1 %, left uncovered by the fit), the half-frozen ConvNeXt-T (the fit's
+    # entry:cap — r3d-18 (H100 need 5.1 %, left out by that fit), the half-frozen ConvNeXt-T (the fit's
     # closest, 0.1 % inside), WGAN-GP's critic (0.55 % inside), MViT-v1-B (0.6 % inside)
     for pair in tv_r3d_18:2193620992 frozen_timm_convnext_half:2195718144 ho_wgan_gp_critic:1298137088 \
                 h3_tv_mvit_v1_b:5641338880; do
