@@ -10,3 +10,10 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
 python3 -c "import torch; print(torch.__version__, torch.backends.cudnn.version())" >> "$OUT/card.txt"
+
+# The GPU tests (one GPU) within $1 seconds: $OUT/gpu_tests.log, the card appended.
+gpu_tests() {
+  timeout "$1" python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
+    -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+  tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+}

@@ -46,8 +46,6 @@ caps = [(t['cap_bytes'], t['ok']) for t in d['trials'] if t['cap_bytes']]
 print(sys.argv[1].split('/')[-1], 'fits_in', d['fits_in_bytes'], 'trials', sorted(caps))" "$f"; done
     ;;
   tests)
-    timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    gpu_tests 570
     ;;
 esac

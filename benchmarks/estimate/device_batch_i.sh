@@ -47,13 +47,9 @@ case "$1" in
       > "$OUT/vit_control/control_vit_b16.log" 2>&1
     cp "$OUT/card.txt" "$OUT/vit_control/"
     grep -v "^\[" "$OUT/vit_control/control_vit_b16.log" | tail -n 4
-    timeout 330 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    gpu_tests 330
     ;;
   tests)
-    timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    gpu_tests 570
     ;;
 esac

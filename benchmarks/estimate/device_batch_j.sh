@@ -15,59 +15,55 @@
 #   bash benchmarks/estimate/device_batch_j.sh stem   # 3-D stems' cuDNN blocks, and two video CNNs' streams
 #   bash benchmarks/estimate/device_batch_j.sh tests   # the GPU tests (one GPU)
 set -u
-. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
+
+# Each entry:cap pair 3 times (3 side by side) under its cap (cap_repeats.py), into $OUT/$1.
+cap_checks() {
+  local out=$OUT/$1 pair; shift
+  mkdir -p "$out"
+  for pair in "$@"; do
+    timeout 140 python3 benchmarks/estimate/cap_repeats.py "${pair%%:*}" --caps "${pair##*:}" --repeats 3 --jobs 3 \
+      --out "$out/${pair%%:*}.json" >> "$out/cap_repeats.log" 2>&1
+  done
+  cp "$OUT/card.txt" "$out/"; grep -v "^\[" "$out/cap_repeats.log" | tail -n 8
+}
+
+# The session's plans (plan_predictions_cpu_20261129_s30) run under their caps within $1 seconds (plan_quality.py
+# verify; the rest of the arguments passed on), into $OUT/plan_verify.
+plan_verify() {
+  local limit=$1; shift
+  mkdir -p "$OUT/plan_verify"
+  timeout "$limit" python3 benchmarks/plan_quality.py verify "$@" \
+    --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 --out "$OUT/plan_verify" \
+    > "$OUT/plan_verify/verify.log" 2>&1
+  cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 14
+}
 case "$1" in
   bound)
-    mkdir -p "$OUT/bound_caps"
     # entry:cap — r3d-18 (H100 need 5.1 %, left out by that fit), the half-frozen ConvNeXt-T (the fit's
     # closest, 0.1 % inside), WGAN-GP's critic (0.55 % inside), MViT-v1-B (0.6 % inside)
-    for pair in tv_r3d_18:2193620992 frozen_timm_convnext_half:2195718144 ho_wgan_gp_critic:1298137088 \
-                h3_tv_mvit_v1_b:5641338880; do
-      timeout 140 python3 benchmarks/estimate/cap_repeats.py "${pair%%:*}" --caps "${pair##*:}" --repeats 3 --jobs 3 \
-        --out "$OUT/bound_caps/${pair%%:*}.json" >> "$OUT/bound_caps/cap_repeats.log" 2>&1
-    done
-    cp "$OUT/card.txt" "$OUT/bound_caps/"
-    cat "$OUT/bound_caps/cap_repeats.log" | grep -v "^\[" | tail -n 8
+    cap_checks bound_caps tv_r3d_18:2193620992 frozen_timm_convnext_half:2195718144 ho_wgan_gp_critic:1298137088 \
+      h3_tv_mvit_v1_b:5641338880
     ;;
   bound2)
     # the final fit (4.3 %, session-30 code): the fit steps closest to their bound, and r3d-18, 3 times each under it
-    mkdir -p "$OUT/bound_caps_final"
-    for pair in h3_tv_mvit_v1_b:5611978752 frozen_timm_convnext_half:2202009600 ho_wgan_gp_critic:1302331392 \
-                tv_r3d_18:2327838720; do
-      timeout 140 python3 benchmarks/estimate/cap_repeats.py "${pair%%:*}" --caps "${pair##*:}" --repeats 3 --jobs 3 \
-        --out "$OUT/bound_caps_final/${pair%%:*}.json" >> "$OUT/bound_caps_final/cap_repeats.log" 2>&1
-    done
-    cp "$OUT/card.txt" "$OUT/bound_caps_final/"
-    grep -v "^\[" "$OUT/bound_caps_final/cap_repeats.log" | tail -n 8
-    timeout 400 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    cap_checks bound_caps_final h3_tv_mvit_v1_b:5611978752 frozen_timm_convnext_half:2202009600 \
+      ho_wgan_gp_critic:1302331392 tv_r3d_18:2327838720
+    gpu_tests 400
     ;;
   plans)
     # plans made with the 4.3 % margin (plan_quality.py predict, CPU), each run under its budget's cap in a fresh
     # process; then the GPU tests with the session's final code
-    mkdir -p "$OUT/plan_verify"
-    timeout 300 python3 benchmarks/plan_quality.py verify --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 \
-      --out "$OUT/plan_verify" > "$OUT/plan_verify/verify.log" 2>&1
-    cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 14
-    timeout 280 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-    tail -n 3 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    plan_verify 300
+    gpu_tests 280
     ;;
   plans2)
     # the plans again with the checkpoint mode they chose (plan_quality.py's _plan_changes had dropped it)
-    mkdir -p "$OUT/plan_verify"
-    timeout 400 python3 benchmarks/plan_quality.py verify --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 \
-      --out "$OUT/plan_verify" > "$OUT/plan_verify/verify.log" 2>&1
-    cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 14
+    plan_verify 400
     ;;
   plans3)
     # GPT-2's plans again in the loop they were made for (keep_output False: TrainStep's)
-    mkdir -p "$OUT/plan_verify"
-    timeout 300 python3 benchmarks/plan_quality.py verify --models gpt2 \
-      --predictions benchmarks/results/plan/plan_predictions_cpu_20261129_s30 --out "$OUT/plan_verify" \
-      > "$OUT/plan_verify/verify.log" 2>&1
-    cp "$OUT/card.txt" "$OUT/plan_verify/"; grep -v "^\[" "$OUT/plan_verify/verify.log" | tail -n 6
+    plan_verify 300 --models gpt2
     ;;
   streams)
     # the allocator streams of the steps the 4 % bound missed or nearly missed, uncapped and under that bound's cap
@@ -84,8 +80,6 @@ case "$1" in
     tail -n 4 "$OUT/stem.log"; ls "$OUT" "$OUT/video"
     ;;
   tests)
-    timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    gpu_tests 570
     ;;
 esac

@@ -23,8 +23,6 @@ case "$1" in
     grep -v "^\[" "$OUT/control_vit_b16.log" | tail -n 10
     ;;
   tests)
-    timeout 570 python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-      -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+    gpu_tests 570
     ;;
 esac
