@@ -19,7 +19,9 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -237,21 +239,34 @@ def conv_patchify_wgrad_rows() -> list[dict]:
     for ((cout, kernel), size, n), dname in itertools.product(cases, DTYPES):
         dtype = DTYPES[dname]
         dims = len(kernel)
-        try:
-            x = torch.randn(n, 3, *size, device="cuda", dtype=dtype)
-            w = torch.randn(cout, 3, *kernel, device="cuda", dtype=dtype, requires_grad=True)
-            conv = getattr(F, f"conv{dims}d")
-            y, fwd = _transient(lambda: conv(x, w, stride=kernel))  # noqa: B023, F821 (called at once)
-            gy = torch.randn_like(y)
-            _, wgrad = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: B023, F821
-            rows.append(dict(kind="conv", dims=dims, n=n, cin=3, cout=cout, k=list(kernel), stride=list(kernel),
-                             groups=1, transposed=False, size=list(size), dtype=dname, input_grad=False,
-                             in_bytes=x.numel() * x.element_size(), out_bytes=y.numel() * y.element_size(),
-                             w_bytes=w.numel() * w.element_size(), fwd_ws=fwd, wgrad_ws=wgrad))
-            del x, w, y, gy
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
+        conv = getattr(F, f"conv{dims}d")
+        row = _filter_gradient_case((n, 3, *size), (cout, 3, *kernel), dtype,
+                                    lambda x, w, kernel=kernel, conv=conv: conv(x, w, stride=kernel),
+                                    dims=dims, n=n, cin=3, cout=cout, k=list(kernel), stride=list(kernel),
+                                    size=list(size), dtype=dname)
+        if row:
+            rows.append(row)
     return rows
+
+
+def _filter_gradient_case(x_shape: tuple[int, ...], w_shape: tuple[int, ...], tensor_dtype: torch.dtype,
+                          conv: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], **fields: Any) -> dict | None:
+    """A convolution whose input needs no gradient (a stem over the batch): its forward, then its backward, which
+    is the filter gradient's call alone; the row (``fields`` first), or None where the GPU ran out of memory."""
+    try:
+        x = torch.randn(*x_shape, device="cuda", dtype=tensor_dtype)
+        w = torch.randn(*w_shape, device="cuda", dtype=tensor_dtype, requires_grad=True)
+        y, fwd = _transient(lambda: conv(x, w))  # noqa: F821 (called at once; deleted below)
+        gy = torch.randn_like(y)
+        _, wgrad = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: F821
+        row = dict(kind="conv", **fields, groups=1, transposed=False, input_grad=False,
+                   in_bytes=x.numel() * x.element_size(), out_bytes=y.numel() * y.element_size(),
+                   w_bytes=w.numel() * w.element_size(), fwd_ws=fwd, wgrad_ws=wgrad)
+        del x, w, y, gy
+        return row
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
 
 
 def conv_head_half_rows() -> list[dict]:
@@ -344,20 +359,12 @@ def conv_3d_stem_rows() -> list[dict]:
               ((3, 3, 3), (2, 2, 2), (1, 1, 1))]
     for cin, (k, s, pad), (frames, size), n, dname in itertools.product((1, 2, 3, 4), shapes, ((16, 112), (8, 64)),
                                                                      (2, 16), DTYPES):
-        dtype = DTYPES[dname]
-        try:
-            x = torch.randn(n, cin, frames, size, size, device="cuda", dtype=dtype)
-            w = torch.randn(64, cin, *k, device="cuda", dtype=dtype, requires_grad=True)
-            y, fwd = _transient(lambda: F.conv3d(x, w, stride=s, padding=pad))  # noqa: B023, F821
-            gy = torch.randn_like(y)
-            _, wgrad = _transient(lambda: torch.autograd.grad(y, w, gy))  # noqa: B023, F821
-            rows.append(dict(kind="conv", dims=3, n=n, cin=cin, cout=64, k=list(k), stride=list(s), padding=list(pad),
-                             groups=1, transposed=False, frames=frames, size=size, dtype=dname, input_grad=False,
-                             in_bytes=x.numel() * x.element_size(), out_bytes=y.numel() * y.element_size(),
-                             w_bytes=w.numel() * w.element_size(), fwd_ws=fwd, wgrad_ws=wgrad))
-            del x, w, y, gy
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
+        row = _filter_gradient_case((n, cin, frames, size, size), (64, cin, *k), DTYPES[dname],
+                                    lambda x, w, s=s, pad=pad: F.conv3d(x, w, stride=s, padding=pad),
+                                    dims=3, n=n, cin=cin, cout=64, k=list(k), stride=list(s), padding=list(pad),
+                                    frames=frames, size=size, dtype=dname)
+        if row:
+            rows.append(row)
     return rows
 
 
