@@ -30,7 +30,7 @@ def _err(pred: int | None, meas: int | None) -> float | None:
     return None if not pred or not meas else (pred - meas) / meas
 
 
-def _rebound(est: dict[str, Any]) -> int:
+def recomputed_upper(est: dict[str, Any]) -> int:
     """The upper bound of a prediction recomputed by the installed memfit from its replayed cap and its reasons:
     the bound's constants can change without tracing the corpus again (the rest of the estimate does not move)."""
     from memfit.estimate.bound import upper_bound
@@ -69,7 +69,7 @@ def join(predictions: Path, measurements: Path, rebound: bool = False,
             row["error"] = (m or {}).get("error", "")
         else:
             est = p["estimate"]
-            upper = _rebound(est) if rebound else est.get("fits_in_upper_bytes")
+            upper = recomputed_upper(est) if rebound else est.get("fits_in_upper_bytes")
             row.update(
                 status="ok",
                 predicted_allocated=est["peak_allocated_bytes"], measured_allocated=m["peak_allocated_bytes"],

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 from measure_corpus import DONE_LINE  # noqa: E402
-from report_corpus import _rebound  # noqa: E402
+from report_corpus import recomputed_upper  # noqa: E402
 
 GIB = 2**30
 
@@ -99,7 +99,7 @@ def main() -> None:
     for r in [r for r in preds["rows"] if r["name"].startswith(args.only)]:
         est, meas = r.get("estimate") or {}, measured.get(r["name"], {})
         if args.rebound and est.get("fits_in_replay_bytes"):
-            est = {**est, "fits_in_upper_bytes": _rebound(est)}
+            est = {**est, "fits_in_upper_bytes": recomputed_upper(est)}
         rows.append({
             "name": r["name"], "library": r["library"],
             "reasons": [u["reason"] for u in est.get("uncertainty", [])],
