@@ -1425,9 +1425,9 @@ def test_layer_norm_copies_a_permuted_input_before_its_outputs():
 
 
 def test_scalars_written_by_indexing_are_lifted_without_converting_them(monkeypatch):
-    # `ret[i, j, k] = 1` lifts a real scalar (lift_fresh) for each write: timm MaxViT's lookup tables make ~2,000 in
-    # the constructor. The recorder makes each a plain fake (Recorder._lifted_scalar); the stream must be the one
-    # FakeTensorMode's own conversion gives
+    # `ret[i, j, k] = 1` lifts a real scalar (lift_fresh) for each write where the table's values are not known
+    # (a known table is written without dispatching: the next test). The recorder makes each a plain fake
+    # (Recorder._lifted_scalar); the stream must be the one FakeTensorMode's own conversion gives
     import importlib
 
     recorder = importlib.import_module("memfit.estimate.recorder")
@@ -1435,7 +1435,7 @@ def test_scalars_written_by_indexing_are_lifted_without_converting_them(monkeypa
     class Lookup(torch.nn.Module):
         def __init__(self, n: int = 5) -> None:
             super().__init__()
-            ret = torch.zeros(n, n, 2 * n - 1)
+            ret = torch.rand(n, n, 2 * n - 1)  # a random draw: no known value
             for i in range(n):
                 for j in range(n):
                     ret[i, j, j - i + n - 1] = 1
@@ -1460,6 +1460,84 @@ def test_scalars_written_by_indexing_are_lifted_without_converting_them(monkeypa
     assert sum(lifted) >= 25 and fast.param_count == 25 * 3 + 3 and not fast.warnings
     monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", lambda self, a: None)
     assert trace_workload(w, GPU).events() == fast.events()
+
+
+class _KnownLookup(torch.nn.Module):
+    """timm MaxViT's relative-position lookup in small: a table of zeros filled with ones element by element in the
+    constructor, and a width read back from it."""
+
+    def __init__(self, n: int = 5) -> None:
+        super().__init__()
+        ret = torch.zeros(n, n, 2 * n - 1, dtype=torch.long)
+        for i in range(n):
+            for j in range(n):
+                ret[i, j, j - i + n - 1] = 1
+        ret[-1, 0, 1] = 7  # a negative index, as Python's
+        row = ret[1]  # a view known before the write below: it must see it
+        ret[1, 2, 3] += 2  # a read, an add and a write of a tensor (the usual path), beside the fast ones
+        self.width = int(ret.sum()) + int(row[2, 3])  # 25 ones + 7 + 2, then the view's 2
+        self.register_buffer("lookup", ret.float())
+        self.lin = torch.nn.Linear(25, self.width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.lookup.sum()
+
+
+def test_element_writes_into_a_known_table_in_the_constructor_write_its_known_value_without_dispatching(monkeypatch):
+    import importlib
+
+    recorder = importlib.import_module("memfit.estimate.recorder")
+    values = importlib.import_module("memfit.estimate.values")
+    w = Workload(model=_KnownLookup, batch=lambda n: (torch.randn(n, 25),), loss=lambda out, b: out.sum(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=2)
+    lifted: list[bool] = []
+    real = recorder.Recorder._lifted_scalar
+
+    def spy(self, a):  # noqa: ANN001, ANN202
+        lifted.append(True)
+        return real(self, a)
+
+    monkeypatch.setattr(recorder.Recorder, "_lifted_scalar", spy)
+    fast = trace_workload(w, GPU)
+    width = 25 + 7 + 2 + 2
+    assert fast.param_count == 25 * width + width and not fast.warnings and "value_read" not in fast.uncertain
+    constructor = len(lifted)
+    assert constructor <= 1  # only `+= 2`'s write of a tensor dispatches
+
+    # the same trace with every write dispatched: the same model and stream, less the 0-dim scalars each write
+    # lifted (a CPU tensor on a GPU, where memfit's fake CPU stands for the GPU)
+    monkeypatch.setattr(values.KnownValues, "write_element", lambda self, t, index, value: False)
+    slow = trace_workload(w, GPU)
+    assert len(lifted) - constructor >= 26 and slow.param_count == fast.param_count
+
+    def stream(trace):  # noqa: ANN001, ANN202
+        return [(op, trace.allocs[key].op, nbytes) for op, key, nbytes in trace.events()
+                if trace.allocs[key].op != "lift_fresh"]
+
+    assert stream(fast) == stream(slow)
+
+
+@pytest.mark.parametrize("index, value", [((1, 2, 3), 5), (1, 5), ((-1, 0), 2.5), ((5, 0, 0), 1), ((0, 0, -10), 1),
+                                          ((True, 0, 0), 1), ((slice(0, 2), 0, 0), 1), ((0, 0, 0), torch.tensor(1)),
+                                          ((0, 0, 0, 0), 1), ((0, 0, 0), 2**70)])
+def test_an_element_write_skips_dispatch_only_for_python_numbers_at_int_indices_in_range(index, value) -> None:
+    from memfit._torch_private import StaticShapeFakeTensorMode
+    from memfit.estimate.values import KnownValues
+
+    known = KnownValues()
+    expected = torch.zeros(5, 4, 9, dtype=torch.long)
+    with StaticShapeFakeTensorMode():
+        t = torch.zeros(5, 4, 9, dtype=torch.long)
+        known.keep(t, known.run(torch.ops.aten.zeros.default, "zeros", ((5, 4, 9),), {"dtype": torch.long}))
+        taken = known.write_element(t, index, value)
+    simple = (type(value) in (int, float) and abs(value) < 2**63
+              and all(type(i) is int for i in (index if isinstance(index, tuple) else (index,))))
+    in_range = simple and len(index if isinstance(index, tuple) else (index,)) <= 3 and all(
+        -s <= i < s for i, s in zip(index if isinstance(index, tuple) else (index,), (5, 4, 9)))
+    assert taken == in_range
+    if taken:
+        expected[index] = value
+    assert torch.equal(known.value(t), expected)
 
 
 class _FeatureEncoder(torch.nn.Module):

@@ -20,6 +20,7 @@ from memfit.estimate.cudnn_rnn import flatten_weights
 from memfit.estimate.optimizer_twins import stand_in
 from memfit.estimate.step_copies import grad_keys
 from memfit.estimate.value_reads import ValuesNeededToBuild
+from memfit.estimate.values import KnownElementWrites
 
 if TYPE_CHECKING:
     from memfit.estimate.recorder import Recorder
@@ -53,7 +54,8 @@ def build_model(factory: Any, recorder: Recorder) -> Any:
     the model's parameters, once."""
     recorder.building_model = True
     try:
-        return factory()
+        with KnownElementWrites(recorder.step_values.known):
+            return factory()
     except ValuesNeededToBuild as exc:
         op = str(exc)
     finally:

@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from memfit import _torch_private as tp
 
@@ -185,6 +186,31 @@ class KnownValues:
                         aliases = self._by_storage[storage] = weakref.WeakValueDictionary()
                     aliases[id(f)] = f
 
+    def write_element(self, t: Any, index: Any, value: Any) -> bool:
+        """``t[index] = value`` for a fake ``t`` with a known value, a Python number ``value`` and an index of
+        Python ints in range: written into the known value alone, and True. The fake tensor needs no write (it
+        has no values, and its shape, dtype and storage stay), so the ops FakeTensorMode would run for it (a
+        ``select`` per index, a ``lift_fresh`` and a ``copy_``, about 0.25 ms an element on the 2-core CPU)
+        are skipped. False, and nothing done, for anything else: the write then dispatches as usual."""
+        if type(value) not in (int, float, bool) or not isinstance(t, tp.FakeTensor) or t.requires_grad:
+            return False
+        index = index if type(index) is tuple else (index,)
+        if len(index) > t.dim() or getattr(t, "constant", None) is not None:
+            return False
+        for i, size in zip(index, t.shape):
+            if type(i) is not int or not -size <= i < size:  # a bool, a slice, a tensor, or out of range
+                return False
+        real = self._real.get(t)
+        if real is None:
+            return False
+        with tp.no_dispatch_modes():
+            try:
+                real[index] = value
+            except (RuntimeError, OverflowError, TypeError, ValueError):  # the usual path raises what torch raises
+                return False
+        torch.autograd.graph.increment_version(t)  # as the in-place write would
+        return True
+
     def scalar(self, t: torch.Tensor) -> Any | None:
         """``t.item()`` when ``t``'s value is known, else None."""
         real = self.value(t)
@@ -192,3 +218,21 @@ class KnownValues:
             return None
         with tp.no_dispatch_modes():  # the fake mode would turn the real tensor into a fake one again
             return real.item()
+
+
+class KnownElementWrites(TorchFunctionMode):
+    """Element writes of Python numbers into tensors with known values (``KnownValues.write_element``) done on the
+    known values alone. Active while the model is built: timm's MaxViT fills its relative-position lookup tables in
+    its constructor with 2,156 writes ``ret[i, x, v] = 1``, which took about 3 of its 10 s estimate."""
+
+    def __init__(self, known: KnownValues) -> None:
+        super().__init__()
+        self._known = known
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is _SETITEM and not kwargs and len(args) == 3 and self._known.write_element(*args):
+            return None
+        return func(*args, **(kwargs or {}))
+
+
+_SETITEM = torch.Tensor.__setitem__
