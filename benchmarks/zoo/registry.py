@@ -17,6 +17,7 @@ ZOO = Path(__file__).resolve().parent
 MODULES = (
     "timm_models.py", "hf_transformers.py", "torchvision_models.py", "monai_models.py", "smp_models.py",
     "nnunet_models.py", "finetuning.py", "torch_features.py", "holdout.py", "holdout2.py", "holdout3.py",
+    "holdout4.py",
 )
 """The family modules, in report order."""
 
