@@ -644,3 +644,35 @@ def test_cuda_cells_keep_what_the_trace_keeps(kind: str) -> None:
 
     alive_on_cuda(1)  # cuBLAS's workspace, once per process
     assert alive_on_cuda(20) - alive_on_cuda(10) == _alive_at_backward(kind, 20) - _alive_at_backward(kind, 10)
+
+
+@pytest.mark.parametrize(("precision", "copied"), [("fp32", True), ("fp16", True), ("bf16", False)])
+def test_a_batch_norm_over_a_transposed_view_runs_on_a_contiguous_copy_where_cudnn_takes_it(precision, copied):
+    # Normalization.cpp: cuDNN's batch norm (not bf16) runs on input.contiguous(suggest_memory_format()), a copy
+    # autograd saves, and its output is contiguous: the transpose back is then a non-contiguous view (HF PatchTST's
+    # layout), where the fake kernel would keep the input's strides and copy nothing
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    bn = torch.nn.BatchNorm1d(16)
+    if precision == "bf16":
+        bn = bn.to(dtype)
+    with StaticShapeFakeTensorMode(allow_non_fake_inputs=True), CudaSemantics(), _Names() as ops:
+        x = torch.randn(4, 10, 16, dtype=dtype).transpose(1, 2)
+        y = bn(x)
+        contiguous = torch.randn(4, 16, 10, dtype=dtype)
+        z = bn(contiguous)
+    assert y.is_contiguous() == copied and z.is_contiguous()
+    assert ops.names.count("clone.default") == int(copied)  # the transposed input's copy; none for a dense one
+    assert ops.names.count("native_batch_norm.default") == 2
+
+
+def test_the_memory_efficient_backward_in_fp32_takes_its_grad_query_tiles_whatever_the_head_size():
+    from memfit.estimate.workspaces import efficient_attention_backward_fp32_bytes
+
+    # H200 streams, the kernel's workspace and delta: PatchTST's 896 sequences x 16 heads of 63 queries x 8 (the
+    # workspace 235,110,400 B and a 3,612,672 B delta, which outlive the freed query-sized product) and the fit
+    # probe p_enc_fp32_prenorm's 24 x 8 heads of 192 x 64 (9,446,400 B, where the product and two deltas are more)
+    assert efficient_attention_backward_fp32_bytes(896, 16, 63, 8) == 235_110_400 + 3_612_672
+    query, delta = 24 * 8 * 192 * 64 * 4, 24 * 8 * 192 * 4
+    assert efficient_attention_backward_fp32_bytes(24, 8, 192, 64) == query + 2 * delta
+    # a head of 72 takes two 64-column tiles
+    assert efficient_attention_backward_fp32_bytes(24, 8, 192, 72) == delta + 24 * 8 * 3 * 2 * (16 + 64 * 64 * 4)

@@ -1671,3 +1671,31 @@ def test_cuda_rolls_three_dimensions_through_two_intermediates():
               if e["action"] in ("alloc", "free_completed")]
     assert events[-5:] == [("alloc", size)] * 3 + [("free_completed", size)] * 2
     assert out.shape == x.shape
+
+
+@pytest.mark.parametrize(("heads", "copy"), [(16, False), (2, True)])
+def test_an_fp32_attention_backward_takes_the_kernels_workspace_and_the_gradients_copy(heads: int, copy: bool):
+    # fp32 runs the memory-efficient kernel: its backward takes delta and 64 x 64-float grad-query tiles per head
+    # (a head of 8 takes 8 times its query) after a contiguous copy of a gradient whose (B, L, H, D) view is not
+    # dense (heads=2: the output permuted before its projection, as nn.MultiheadAttention does)
+    from memfit.estimate.workspaces import efficient_attention_backward_fp32_bytes
+
+    b, seq, dim = 4, 63, 128
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(b, seq, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # (B, H, L, D)
+            o = o.permute(2, 0, 1, 3) if copy else o.transpose(1, 2)  # (L, B, H, D) or (B, L, H, D)
+            return self.out(o.reshape(*o.shape[:2], dim))
+
+    w = Workload(model=Attention, batch=lambda n: (torch.randn(n, seq, dim),), loss=lambda out, bt: out.sum(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=b, precision="fp32")
+    trace = trace_workload(w, GPU, steps=1)
+    scratch = [a.nbytes for a in trace.allocs if a.op == "_scaled_dot_product_efficient_attention_backward_scratch"]
+    expected = [efficient_attention_backward_fp32_bytes(b, heads, seq, dim // heads)]
+    assert scratch == ([b * seq * dim * 4] if copy else []) + expected

@@ -369,6 +369,14 @@ def is_view(t: torch.Tensor) -> bool:
 # -- attention kernels CUDA runs, called on the CPU for the tensors they save ---------------------------------
 
 
+def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
+    """c10's ``suggest_memory_format``: channels-last for a 4-D or 5-D tensor with channels-last strides, else
+    contiguous (``torch._prims_common``)."""
+    from torch._prims_common import suggest_memory_format as suggest
+
+    return suggest(t)
+
+
 def sdpa_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
               dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
     """Attention by its math path (``aten::_scaled_dot_product_attention_math``): saves the probabilities."""

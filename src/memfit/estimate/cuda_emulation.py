@@ -233,6 +233,33 @@ def _cuda_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return torch.matmul(input, weight.t()).add_(bias)
 
 
+def _cuda_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                     running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                     momentum: float, eps: float, cudnn_enabled: bool) -> torch.Tensor:
+    # aten/src/ATen/native/Normalization.cpp: where _select_batch_norm_backend picks cuDNN, _batch_norm_impl_index
+    # runs it on input.contiguous(input.suggest_memory_format()), a copy that autograd saves for backward, and
+    # cuDNN's output is laid out the same way. A batch norm over a transposed view, (N, L, C) viewed (N, C, L) as
+    # Hugging Face's PatchTST does it, so gets a contiguous (N, C, L) output, which the transpose back makes a
+    # non-contiguous input for every linear layer after it, each then copying it (an H200 stream of the fourth
+    # draw's PatchTST: entry_traces_holdout4_h200_torch2.11_20261129_s31.tar.gz). The fake kernel keeps the
+    # input's strides instead, and no copy is made. Not where cuDNN is not used: bf16, fp16 with fp16 weights,
+    # no affine parameters, fewer than 3 dimensions, more than 880,801 samples in training (65,535 in eval);
+    # cuDNN's smallest epsilon (CUDNN_BN_MIN_EPSILON) is 0 in the cuDNN versions torch 2.11 supports.
+    cudnn = (cudnn_enabled and weight is not None and bias is not None
+             and input.dtype != torch.bfloat16 and weight.dtype != torch.bfloat16
+             and (input.dtype != torch.float16 or weight.dtype == torch.float32)
+             and ((running_mean is not None and running_var is not None)
+                  or (running_mean is None and running_var is None and training))
+             and input.dim() >= 3 and input.shape[0] <= (880801 if training else 65535)
+             and input.numel() < 2**31 - 1)
+    if cudnn:
+        fmt = tp.suggest_memory_format(input)
+        if not input.is_contiguous(memory_format=fmt):
+            input = input.contiguous(memory_format=fmt)
+    return torch.ops.aten._batch_norm_impl_index(input, weight, bias, running_mean, running_var, training, momentum,
+                                                 eps, cudnn_enabled)[0]
+
+
 class _GroupedFlash(torch.autograd.Function):
     """CUDA's fused attention on grouped keys (``enable_gqa``, fp16/bf16, no mask; Llama-3, Mistral, Qwen2 through
     Hugging Face's SDPA attention when it passes no mask): cuDNN's on an H100 with torch 2.11, flash elsewhere
@@ -491,6 +518,7 @@ class CudaSemantics:
         lib.impl("dropout", _cuda_dropout, "CompositeImplicitAutograd")
         lib.impl("scaled_dot_product_attention", _cuda_sdpa, "CompositeImplicitAutograd")
         lib.impl("linear", _cuda_linear, "CompositeImplicitAutograd")
+        lib.impl("batch_norm", _cuda_batch_norm, "CompositeImplicitAutograd")
         # on CUDA, nn.LSTM/GRU/RNN run cuDNN's fused RNN whenever cuDNN takes the input (aten/src/ATen/native/RNN.cpp)
         for rnn_op, mode in (("lstm", "LSTM"), ("gru", "GRU"), ("rnn_tanh", "RNN_TANH"), ("rnn_relu", "RNN_RELU")):
             lib.impl(f"{rnn_op}.input", self.rnn.kernel(mode), "CompositeImplicitAutograd")

@@ -263,6 +263,16 @@ def kernel_transients(name: str, args: Any, out: Any, gpu: GpuSpec) -> list[int]
         blocks = [grad.numel() * grad.element_size()] if name == "_softmax_backward_data" else []
         blocks += [contiguous_copy_bytes(t) for t in (grad, output)]
         return [b for b in blocks if b > 0]
+    if name == "_scaled_dot_product_efficient_attention_backward" and args[1].dtype == torch.float32:
+        # attention_backward.cu, _efficient_attention_backward: ``grad_out.contiguous()`` of the (B, L, H, D) view
+        # first (a copy where the attention's output was permuted after it, as nn.MultiheadAttention does), held
+        # through the call; then delta and the kernel's workspace
+        grad, q = _Layout.of(args[0]), args[1]
+        order = (0, 2, 1, 3)  # the (B, H, L, D) gradient viewed (B, L, H, D)
+        view = _Layout(tuple(grad.shape[d] for d in order), tuple(grad.strides[d] for d in order), grad.itemsize)
+        blocks = [view.copy_bytes(torch.contiguous_format),
+                  ws.efficient_attention_backward_fp32_bytes(q.shape[0], q.shape[1], q.shape[2], q.shape[3])]
+        return [b for b in blocks if b > 0]
     nbytes = _kernel_transient(name, args, out, gpu)
     return [nbytes] if nbytes > 0 else []
 
@@ -292,8 +302,7 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
         return args[0].numel() * args[0].element_size()
     if name in ("_scaled_dot_product_flash_attention_for_cpu_backward",
                 "_scaled_dot_product_efficient_attention_backward"):
-        # the memory-efficient kernel's backward took the same (fp32 nn.MultiheadAttention: two query-sized
-        # blocks and two log-sum-exp-sized ones beyond the gradients; fit probe p_enc_fp32_prenorm, H200)
+        # (the memory-efficient kernel's backward in fp32: kernel_transients, above)
         q = args[1]
         return ws.attention_backward_bytes(q.numel() * q.element_size(), q.shape[0] * q.shape[1] * q.shape[2])
     if name == "embedding_dense_backward":
