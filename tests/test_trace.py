@@ -534,6 +534,48 @@ def test_cuda_fused_attention_gradients_have_their_inputs_strides():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("head", "queries"), [(8, 63), (64, 192), (72, 100)])
+def test_cuda_fp32_efficient_attention_backward_takes_what_the_trace_charges(head: int, queries: int):
+    # what the trace's fp32 attention backward assumes (workspaces.efficient_attention_backward_fp32_bytes): beyond
+    # the three gradients, the larger of the query-sized product with two deltas and a delta with the grad-query tiles
+    from memfit.estimate.workspaces import efficient_attention_backward_fp32_bytes
+
+    b, h = 64, 16
+    q, k, v = (torch.randn(b, h, queries, head, device="cuda") for _ in range(3))
+    out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
+    grad = torch.randn(b, queries, h, head, device="cuda").transpose(1, 2)  # dense as (B, L, H, D): no copy
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        grad, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False])
+    torch.cuda.synchronize()
+    q_bytes = q.numel() * 4
+    assert sum(g.numel() * 4 for g in grads[:3]) == 3 * q_bytes
+    rounded = -(-efficient_attention_backward_fp32_bytes(b, h, queries, head) // 512) * 512
+    assert torch.cuda.max_memory_allocated() - before == 3 * q_bytes + rounded
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "weights", "cudnn"), [(torch.float32, torch.float32, True),
+                                                         (torch.float16, torch.float32, True),
+                                                         (torch.bfloat16, torch.bfloat16, False)])
+def test_cuda_batch_norm_of_a_transposed_view_copies_it_where_cudnn_runs(dtype, weights, cudnn):  # noqa: ANN001
+    # what the trace's batch norm assumes (cuda_emulation._cuda_batch_norm): cuDNN's runs on a contiguous copy of
+    # the input, which autograd keeps, and gives a contiguous output; the native kernel (bf16) keeps the strides
+    bn = torch.nn.BatchNorm1d(128).to("cuda", weights)
+    x = torch.randn(512, 63, 128, device="cuda", dtype=dtype, requires_grad=True).transpose(1, 2)
+    nbytes = x.numel() * x.element_size()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    y = bn(x)
+    torch.cuda.synchronize()
+    assert y.is_contiguous() == cudnn
+    assert torch.cuda.memory_allocated() - before >= (2 if cudnn else 1) * nbytes
+    assert torch.cuda.memory_allocated() - before < (2 if cudnn else 1) * nbytes + (1 << 20)
+
+
+@pytest.mark.gpu
 def test_cuda_log_softmax_of_a_permuted_input_takes_a_copy_after_its_output():
     # what the trace's softmax assumes (kernel_scratch.kernel_transients): host_softmax's input.contiguous() after the output
     x = torch.randn(8, 512, 1000, device="cuda", dtype=torch.float16).transpose(1, 2)  # (B, V, L) laid out (B, L, V)
