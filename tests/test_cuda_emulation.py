@@ -674,5 +674,5 @@ def test_the_memory_efficient_backward_in_fp32_takes_its_grad_query_tiles_whatev
     assert efficient_attention_backward_fp32_bytes(896, 16, 63, 8) == 235_110_400 + 3_612_672
     query, delta = 24 * 8 * 192 * 64 * 4, 24 * 8 * 192 * 4
     assert efficient_attention_backward_fp32_bytes(24, 8, 192, 64) == query + 2 * delta
-    # a head of 72 takes two 64-column tiles
-    assert efficient_attention_backward_fp32_bytes(24, 8, 192, 72) == delta + 24 * 8 * 3 * 2 * (16 + 64 * 64 * 4)
+    # a head of 72 takes two 64-column tiles of 128 queries (the larger heads' kernel; an H200 to the byte)
+    assert efficient_attention_backward_fp32_bytes(24, 8, 192, 72) == delta + 24 * 8 * 2 * 2 * (16 + 128 * 64 * 4)

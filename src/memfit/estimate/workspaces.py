@@ -630,11 +630,14 @@ def attention_backward_bytes(query_bytes: int, batch_heads_len: int) -> int:
     return 2 * query_bytes + 4 * batch_heads_len
 
 
-EFFICIENT_GRAD_Q_TILE = (64, 64)
+EFFICIENT_GRAD_Q_TILE = ((64, 64), (128, 64))
 """Rows (queries) and columns (head dimension) of one tile of the memory-efficient attention backward's fp32 grad-query
-workspace on sm80 and later: ``kBlockSizeI`` and ``MatmulGradQ::ThreadblockShape::kN`` of the fp32 kernels
+workspace on sm80 and later, for heads up to 64 and for larger ones: ``kBlockSizeI`` and
+``MatmulGradQ::ThreadblockShape::kN`` of the fp32 kernels the head size picks
 (aten/src/ATen/native/transformers/cuda/mem_eff_attention/kernel_backward.h, ``workspace_elements_gq``); each tile
-is a ``GradQTempStorage``, 16 bytes of lock, counter and padding before its floats."""
+is a ``GradQTempStorage``, 16 bytes of lock, counter and padding before its floats. Measured on an H200 to the byte
+at heads of 8, 64 and 72 (``tests/test_trace.py``, GPU; 72 took 128-query tiles:
+benchmarks/results/tests/gpu_tests_h200_torch2.11_20261129_s31.log, where 64-query tiles were predicted 32 KiB over)."""
 
 
 def efficient_attention_backward_fp32_bytes(batch: int, heads: int, queries: int, head_dim: int) -> int:
@@ -643,12 +646,12 @@ def efficient_attention_backward_fp32_bytes(batch: int, heads: int, queries: int
     Before the kernel, ``delta = (grad_out * out).sum(-1)`` made contiguous (attention_backward.cu): a query-sized
     product freed before the kernel, the sum and its contiguous copy (a float per row each, one freed). The kernel's
     workspace (``workspace_size``) is then ``batch x heads`` strides of the grad-query tiles alone: fp32 kernels
-    accumulate the key and value gradients in place, and the query's in tiles of 64 x 64 floats whatever the head
-    size, so a head of 8 takes 8 times its query's size. The H200 streams agree to the byte: HF PatchTST (896
+    accumulate the key and value gradients in place, and the query's in tiles of 64 x 64 floats however small the
+    head, so a head of 8 takes 8 times its query's size. The H200 streams agree to the byte: HF PatchTST (896
     sequences x 16 heads of 63 x 8: 235,110,400 B, the fourth draw, entry_traces_holdout4_h200_torch2.11_20261129_s31)
     and the fit probe p_enc_fp32_prenorm (24 x 8 heads of 192 x 64: 9,446,400 B,
     gap_traces_probes_h200_torch2.11_20261126.tar.gz)."""
-    rows_i, cols = EFFICIENT_GRAD_Q_TILE
+    rows_i, cols = EFFICIENT_GRAD_Q_TILE[head_dim > 64]
     tile = 16 + 4 * rows_i * cols
     workspace = batch * heads * _div_up(queries, rows_i) * _div_up(head_dim, cols) * tile
     query = 4 * batch * heads * queries * head_dim
