@@ -377,6 +377,14 @@ def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
     return suggest(t)
 
 
+def batch_norm_impl(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                    running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                    momentum: float, eps: float, cudnn_enabled: bool) -> torch.Tensor:
+    """What the ``batch_norm`` composite runs (``aten::_batch_norm_impl_index``, the output of its five)."""
+    return torch.ops.aten._batch_norm_impl_index(input, weight, bias, running_mean, running_var, training, momentum,
+                                                 eps, cudnn_enabled)[0]
+
+
 def sdpa_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
               dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
     """Attention by its math path (``aten::_scaled_dot_product_attention_math``): saves the probabilities."""

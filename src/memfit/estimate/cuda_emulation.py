@@ -256,8 +256,7 @@ def _cuda_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
         fmt = tp.suggest_memory_format(input)
         if not input.is_contiguous(memory_format=fmt):
             input = input.contiguous(memory_format=fmt)
-    return torch.ops.aten._batch_norm_impl_index(input, weight, bias, running_mean, running_var, training, momentum,
-                                                 eps, cudnn_enabled)[0]
+    return tp.batch_norm_impl(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled)
 
 
 class _GroupedFlash(torch.autograd.Function):
