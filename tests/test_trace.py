@@ -576,6 +576,17 @@ def test_cuda_batch_norm_of_a_transposed_view_copies_it_where_cudnn_runs(dtype, 
 
 
 @pytest.mark.gpu
+def test_cuda_log_sigmoid_keeps_an_empty_buffer():
+    # what the trace's log_sigmoid assumes (kernel_scratch.cuda_log_sigmoid_outputs): the result alone
+    x = torch.randn(64, 1024, device="cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out, buffer = torch.ops.aten.log_sigmoid_forward(x)
+    torch.cuda.synchronize()
+    assert buffer.numel() == 0 and torch.cuda.memory_allocated() - before == out.numel() * out.element_size()
+
+
+@pytest.mark.gpu
 def test_cuda_log_softmax_of_a_permuted_input_takes_a_copy_after_its_output():
     # what the trace's softmax assumes (kernel_scratch.kernel_transients): host_softmax's input.contiguous() after the output
     x = torch.randn(8, 512, 1000, device="cuda", dtype=torch.float16).transpose(1, 2)  # (B, V, L) laid out (B, L, V)
@@ -1741,3 +1752,22 @@ def test_an_fp32_attention_backward_takes_the_kernels_workspace_and_the_gradient
     scratch = [a.nbytes for a in trace.allocs if a.op == "_scaled_dot_product_efficient_attention_backward_scratch"]
     expected = [efficient_attention_backward_fp32_bytes(b, heads, seq, dim // heads)]
     assert scratch == ([b * seq * dim * 4] if copy else []) + expected
+
+
+def test_log_sigmoid_keeps_no_buffer_as_on_cuda():
+    # CUDA's log_sigmoid_forward returns an empty buffer (its backward recomputes); the CPU and fake kernels one the
+    # input's size, which a focal loss kept alive until its backward
+    n = 1 << 16
+
+    class Focal(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(n, n, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.logsigmoid(x * self.lin.weight[0])
+
+    w = Workload(model=Focal, batch=lambda b: (torch.randn(b, n),), loss=lambda out, bt: -out.sum(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8)
+    trace = trace_workload(w, GPU, steps=1)
+    assert [a.nbytes for a in trace.allocs if a.op == "log_sigmoid_forward"] == [8 * n * 4]  # the result alone

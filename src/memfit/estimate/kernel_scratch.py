@@ -68,6 +68,16 @@ def cuda_attention_grads(grads: Any, inputs: Any) -> Any:
                  for g, x in zip(grads, inputs))
 
 
+def cuda_log_sigmoid_outputs(outputs: Any) -> Any:
+    """``log_sigmoid_forward``'s outputs as CUDA makes them: the result and an empty buffer
+    (aten/src/ATen/native/cuda/Activation.cpp: its backward recomputes, so the buffer the CPU kernel fills, and the
+    fake kernel sizes like the input, is ``at::empty({0})``; an H200 returned a (0,)-shaped buffer and allocated the
+    result alone: benchmarks/results/estimate/log_sigmoid_h200_torch2.11_20261129/). A focal loss (MONAI's
+    DiceFocalLoss) otherwise kept one more input-sized block until its backward."""
+    result, buffer = outputs
+    return result, torch.empty(0, dtype=buffer.dtype)
+
+
 def cuda_layer_norm_grads(grads: Any) -> Any:
     """The layer norm's backward outputs as CUDA lays them out: the input's gradient contiguous
     (layer_norm_kernel.cu: ``dX = empty_like(*X, LEGACY_CONTIGUOUS_MEMORY_FORMAT)``, X being the contiguous copy),

@@ -384,6 +384,8 @@ class Recorder(tp.TorchDispatchMode):
                 out = kernel_scratch.cuda_attention_grads(out, args[1:4])
             if name == "native_layer_norm_backward" and not self.real:
                 out = kernel_scratch.cuda_layer_norm_grads(out)
+            if name == "log_sigmoid_forward" and not self.real:
+                out = kernel_scratch.cuda_log_sigmoid_outputs(out)
         except (tp.DataDependentOutputException, tp.DynamicOutputShapeException) as exc:
             out = values.sized_from_known(func, name, args, kwargs)
             if out is not None:  # its size depends on values that are known: a fake output of the real size
