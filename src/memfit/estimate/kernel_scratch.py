@@ -69,11 +69,11 @@ def cuda_attention_grads(grads: Any, inputs: Any) -> Any:
 
 
 def cuda_log_sigmoid_outputs(outputs: Any) -> Any:
-    """``log_sigmoid_forward``'s outputs as CUDA makes them: the result and an empty buffer
-    (aten/src/ATen/native/cuda/Activation.cpp: its backward recomputes, so the buffer the CPU kernel fills, and the
-    fake kernel sizes like the input, is ``at::empty({0})``; an H200 returned a (0,)-shaped buffer and allocated the
-    result alone: benchmarks/results/estimate/log_sigmoid_h200_torch2.11_20261129/). A focal loss (MONAI's
-    DiceFocalLoss) otherwise kept one more input-sized block until its backward."""
+    """``log_sigmoid_forward``'s outputs as CUDA makes them: the result and an empty buffer. CUDA's backward
+    recomputes what the CPU kernel keeps in the buffer, which the fake kernel sizes like the input; an H200 returned
+    a (0,)-shaped buffer and allocated the result alone (benchmarks/results/estimate/log_sigmoid_h200_torch2.11_20261129/,
+    and a GPU test). A focal loss (MONAI's DiceFocalLoss) otherwise kept one more input-sized block until its
+    backward."""
     result, buffer = outputs
     return result, torch.empty(0, dtype=buffer.dtype)
 
