@@ -32,11 +32,10 @@ from recipes import (  # noqa: E402
     detection_batch,
     hf_loss,
     images,
-    lm_forward,
+    lm_entry,
     sgd,
     sum_of_losses,
     timm_entry,
-    tokens,
     volumes,
 )
 from recipes import hf_model as _hf
@@ -75,13 +74,7 @@ ho_timm_beit_base = _timm_entry("ho_timm_beit_base", "beit_base_patch16_224", 32
 
 # --- transformers -------------------------------------------------------------------------------------------------
 
-def _lm(name: str, model: Callable[[], torch.nn.Module], vocab: int, seq: int, batch_size: int, precision: str,
-        what: str) -> Workload:
-    return Workload(
-        name=name, description=f"{what}, vocab {vocab}, {seq} tokens, {precision}", model=model,
-        batch=tokens(vocab, seq), forward=lm_forward, loss=hf_loss, optimizer=adamw(3e-4, 0.1),
-        batch_size=batch_size, precision=precision, tags=("transformers", HOLDOUT, "transformer"),  # type: ignore[arg-type]
-    )
+_lm = functools.partial(lm_entry, family=HOLDOUT)
 
 
 ho_hf_bloom_small = _lm("ho_hf_bloom_small", _hf(

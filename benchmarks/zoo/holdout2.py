@@ -33,12 +33,11 @@ from recipes import (  # noqa: E402
     detection_batch,
     hf_loss,
     images,
-    lm_forward,
+    lm_entry,
     seq2seq_batch,
     sgd,
     sum_of_losses,
     timm_entry,
-    tokens,
 )
 from recipes import hf_model as _hf
 from recipes import tv_model as _tv
@@ -73,13 +72,7 @@ h2_timm_rexnet_100 = _timm_entry("h2_timm_rexnet_100", "rexnet_100", 128, "fp32"
 
 # --- transformers -------------------------------------------------------------------------------------------------
 
-def _lm(name: str, model: Callable[[], torch.nn.Module], vocab: int, seq: int, batch_size: int, precision: str,
-        what: str) -> Workload:
-    return Workload(
-        name=name, description=f"{what}, vocab {vocab}, {seq} tokens, {precision}", model=model,
-        batch=tokens(vocab, seq), forward=lm_forward, loss=hf_loss, optimizer=adamw(3e-4, 0.1),
-        batch_size=batch_size, precision=precision, tags=("transformers", HOLDOUT2, "transformer"),  # type: ignore[arg-type]
-    )
+_lm = functools.partial(lm_entry, family=HOLDOUT2)
 
 
 h2_hf_phi3_small = _lm("h2_hf_phi3_small", _hf(

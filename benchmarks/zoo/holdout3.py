@@ -34,6 +34,7 @@ from recipes import (  # noqa: E402
     detection_batch,
     hf_loss,
     seq2seq_batch,
+    seq2seq_forward,
     sgd,
     sum_of_losses,
     timm_entry,
@@ -98,17 +99,13 @@ h3_hf_funnel_mlm = Workload(
 )
 
 
-def _seq2seq_forward(model: Any, batch: Any) -> Any:
-    return model(input_ids=batch[0], labels=batch[1])
-
-
 h3_hf_switch_base8 = Workload(
     name="h3_hf_switch_base8", description="Switch Transformer (8 experts every other layer, top-1 with capacity), "
     "6 + 6 layers of 512, 512 -> 128 tokens, bf16",
     model=_hf("SwitchTransformersForConditionalGeneration", "SwitchTransformersConfig", vocab_size=32128, d_model=512,
               d_ff=2048, d_kv=64, num_heads=8, num_layers=6, num_decoder_layers=6, num_experts=8,
               encoder_sparse_step=2, decoder_sparse_step=2, expert_capacity=64, decoder_start_token_id=0, pad_token_id=0),
-    batch=seq2seq_batch(32128, 512, 128), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
+    batch=seq2seq_batch(32128, 512, 128), forward=seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
     batch_size=8, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "encoder_decoder", "moe"),
 )
 h3_hf_longt5_tglobal = Workload(
@@ -117,7 +114,7 @@ h3_hf_longt5_tglobal = Workload(
     model=_hf("LongT5ForConditionalGeneration", "LongT5Config", vocab_size=32128, d_model=512, d_ff=1024, d_kv=64,
               num_heads=8, num_layers=6, num_decoder_layers=6, encoder_attention_type="transient-global",
               local_radius=127, global_block_size=16, decoder_start_token_id=0, pad_token_id=0),
-    batch=seq2seq_batch(32128, 4096, 256), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
+    batch=seq2seq_batch(32128, 4096, 256), forward=seq2seq_forward, loss=hf_loss, optimizer=adamw(1e-4, 0.0),
     batch_size=2, precision="bf16", tags=("transformers", HOLDOUT3, "transformer", "encoder_decoder"),
 )
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +34,15 @@ from recipes import (  # noqa: E402
     ce,
     detection_batch,
     hf_loss,
-    lm_forward,
+    lm_entry,
     monai_loss,
     monai_net,
     seq2seq_batch,
+    seq2seq_forward,
     sgd,
     smp_model,
     sum_of_losses,
     timm_entry,
-    tokens,
     volumes,
 )
 from recipes import hf_model as _hf
@@ -69,14 +68,7 @@ h4_timm_inception_next_tiny = _timm_entry("h4_timm_inception_next_tiny", "incept
 
 # --- transformers: text -------------------------------------------------------------------------------------------
 
-def _lm(name: str, model: Callable[[], nn.Module], vocab: int, seq: int, batch_size: int, precision: str,
-        description: str) -> Workload:
-    return Workload(
-        name=name, description=f"{description}, {seq} tokens, {precision}", model=model, batch=tokens(vocab, seq),
-        forward=lm_forward, loss=hf_loss, optimizer=adamw(3e-4, 0.1), batch_size=batch_size,
-        precision=precision,  # type: ignore[arg-type]
-        tags=("transformers", HOLDOUT4, "transformer", "decoder", "large_vocab"),
-    )
+_lm = functools.partial(lm_entry, family=HOLDOUT4, tags=("decoder", "large_vocab"))
 
 
 h4_hf_qwen2_lm = _lm("h4_hf_qwen2_lm", _hf(
@@ -91,10 +83,6 @@ h4_hf_gemma2_lm = _lm("h4_hf_gemma2_lm", _hf(
 ), 32000, 1024, 4, "bf16", "Gemma 2 (soft-capped logits, alternating sliding-window layers), 6 x 1024")
 
 
-def _seq2seq_forward(model: Any, batch: Any) -> Any:
-    return model(input_ids=batch[0], labels=batch[1])
-
-
 h4_hf_led = Workload(
     name="h4_hf_led", description="LED (Longformer encoder-decoder, window 256), 6 + 6 layers of 512, 2048 -> 128 "
     "tokens, fp16",
@@ -102,7 +90,7 @@ h4_hf_led = Workload(
               decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
               decoder_ffn_dim=2048, attention_window=256, max_encoder_position_embeddings=2048,
               max_decoder_position_embeddings=256),
-    batch=seq2seq_batch(50265, 2048, 128), forward=_seq2seq_forward, loss=hf_loss, optimizer=adamw(5e-5, 0.01),
+    batch=seq2seq_batch(50265, 2048, 128), forward=seq2seq_forward, loss=hf_loss, optimizer=adamw(5e-5, 0.01),
     batch_size=4, precision="fp16", tags=("transformers", HOLDOUT4, "transformer", "encoder_decoder", "sliding_window"),
 )
 

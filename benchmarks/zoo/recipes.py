@@ -156,6 +156,23 @@ def lm_forward(model: Any, batch: torch.Tensor) -> Any:
     return model(input_ids=batch, labels=batch)
 
 
+def seq2seq_forward(model: Any, batch: Any) -> Any:
+    """Encoder-decoder: ``batch`` is (source ids, target ids), the targets the labels (the model shifts them)."""
+    return model(input_ids=batch[0], labels=batch[1])
+
+
+def lm_entry(name: str, model: Callable[[], torch.nn.Module], vocab: int, seq: int, batch_size: int, precision: str,
+             what: str, *, family: str, tags: tuple[str, ...] = ()) -> Workload:
+    """A causal language model on random ids of ``vocab`` (its own labels), AdamW(3e-4, weight decay 0.1): the fresh
+    draws' recipe, tagged ``("transformers", family, "transformer", *tags)``."""
+    return Workload(
+        name=name, description=f"{what}, vocab {vocab}, {seq} tokens, {precision}", model=model,
+        batch=tokens(vocab, seq), forward=lm_forward, loss=hf_loss, optimizer=adamw(3e-4, 0.1),
+        batch_size=batch_size, precision=precision,  # type: ignore[arg-type]
+        tags=("transformers", family, "transformer", *tags),
+    )
+
+
 def logits_ce(out: Any, batch: Any) -> torch.Tensor:
     """Cross-entropy on ``out.logits`` (Hugging Face classifiers) against ``batch[1]``."""
     return F.cross_entropy(out.logits, batch[1])
