@@ -320,6 +320,20 @@ def conv_3d_head_half_rows() -> list[dict]:
     return rows
 
 
+def conv_fp32_channels_rows() -> list[dict]:
+    """fp32 3x3 convolutions over channel pairs, narrowing, equal and widening (16-256 channels at 96-384², batch
+    2 and 8), each backward call alone: a fourth-draw step (HF DPT's depth head, 256 -> 128 at 192² and 128 -> 32 at
+    384², batch 8) ran both without the layout conversion the grids above measured on every fp32 3x3 call."""
+    rows = []
+    pairs = [(cin, cout) for cin in (32, 64, 128, 256) for cout in (16, 32, 64, 128, 256) if cout <= cin]
+    pairs += [(16, 64), (32, 64), (64, 128), (128, 256)]
+    for (cin, cout), hw, n in itertools.product(pairs, (96, 192, 384), (2, 8)):
+        row = _conv_case(2, n, cin, cout, 3, 1, 1, False, hw, "fp32", split_backward=True)
+        if row:
+            rows.append(row)
+    return rows
+
+
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True):  # noqa: ANN001, ANN202
     dtype = DTYPES[dname]
     try:
@@ -420,7 +434,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
                                                 "conv_patchify", "conv_patchify_wgrad", "conv_head_half",
-                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "lstm", "rnn"),
+                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "lstm", "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
@@ -432,7 +446,8 @@ def main() -> None:
                 "conv_patchify": conv_patchify_rows, "conv_patchify_wgrad": conv_patchify_wgrad_rows,
                 "conv_head_half": conv_head_half_rows,
                 "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows,
-                "conv_3d_stem": conv_3d_stem_rows, "lstm": lstm_rows,
+                "conv_3d_stem": conv_3d_stem_rows, "conv_fp32_channels": conv_fp32_channels_rows,
+                "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 32's device calls (H200), from the repository root, writing under $OUT.
+#   bash benchmarks/estimate/device_batch_k.sh fp32conv   # fp32 3x3 convolutions over channel pairs, each backward
+#       # call alone (calibrate_cudnn.py --only conv_fp32_channels), then DPT's two head convolutions as its head
+#       # runs them (nn.Conv2d with bias, after a bilinear upsample), alone
+#   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
+set -u
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
+
+case "$1" in
+  fp32conv)
+    timeout 400 python3 benchmarks/calibrate_cudnn.py --only conv_fp32_channels --out "$OUT" > "$OUT/fp32conv.log" 2>&1
+    tail -n 3 "$OUT/fp32conv.log"
+    timeout 120 python3 - > "$OUT/dpt_head_alone.txt" 2>&1 <<'PY'
+import torch, torch.nn as nn
+print(torch.__version__, torch.backends.cudnn.version(), torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+def transient(fn):
+    torch.cuda.synchronize(); before = torch.cuda.memory_allocated(); torch.cuda.reset_peak_memory_stats()
+    out = fn(); torch.cuda.synchronize(); after = torch.cuda.memory_allocated()
+    return out, torch.cuda.max_memory_allocated() - max(before, after)
+for cin, cout, hw in ((256, 128, 192), (128, 32, 384)):
+    conv = nn.Conv2d(cin, cout, 3, padding=1).cuda()
+    x = torch.randn(8, cin, hw // 2, hw // 2, device="cuda")
+    x = nn.functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True).requires_grad_()
+    y, fwd = transient(lambda: conv(x))
+    _, bwd = transient(lambda: torch.autograd.grad(y, (x, conv.weight, conv.bias), torch.randn_like(y)))
+    print(f"{cin}->{cout} at {hw}^2 batch 8: input {x.nbytes} output {y.nbytes} forward transient {fwd} backward {bwd}")
+PY
+    cat "$OUT/dpt_head_alone.txt"
+    ;;
+  tests)
+    gpu_tests 570
+    ;;
+esac
