@@ -334,17 +334,40 @@ def conv_fp32_channels_rows() -> list[dict]:
     return rows
 
 
-def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True):  # noqa: ANN001, ANN202
+def conv_channels_last_rows() -> list[dict]:
+    """Convolutions on channels-last inputs, with a channels-last weight (``model.to(memory_format=...)``) or an
+    NCHW one (a permuted view reaching a plain model: DPT's reassembled ViT tokens, whose 3x3 head convolutions in fp32
+    took no layout conversion on an H200 where NCHW inputs of the same shapes took input + output), forward and each
+    backward call alone; 2-D only."""
+    rows = []
+    shapes = [(16, 16, 3, 1), (64, 64, 3, 1), (128, 32, 3, 1), (256, 128, 3, 1), (32, 64, 3, 1), (64, 128, 3, 2),
+              (64, 256, 1, 1), (256, 64, 1, 1), (3, 64, 7, 2), (256, 3, 1, 1)]
+    for (cin, cout, k, s), hw, n, dname, layout in itertools.product(shapes, (56, 192, 384), (2, 8), DTYPES,
+                                                                      ("both", "input")):
+        row = _conv_case(2, n, cin, cout, k, s, 1, False, hw, dname, split_backward=True, channels_last=layout)
+        if row:
+            rows.append(row)
+    return rows
+
+
+def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True,  # noqa: ANN001, ANN202
+               channels_last=None):
+    """``channels_last``: None (NCHW), "input" (the input alone, as a permuted view: DPT's reassembled tokens) or
+    "both" (input and weight, as ``model.to(memory_format=torch.channels_last)`` and a channels-last batch)."""
     dtype = DTYPES[dname]
+    fmt = torch.channels_last if dims == 2 else torch.channels_last_3d
     try:
-        x = torch.randn(n, cin, *([size] * dims), device="cuda", dtype=dtype, requires_grad=grad)
+        x = torch.randn(n, cin, *([size] * dims), device="cuda", dtype=dtype)
+        x = (x.contiguous(memory_format=fmt) if channels_last else x).requires_grad_(grad)
         wshape = (cin, cout // g, *([k] * dims)) if tr else (cout, cin // g, *([k] * dims))
-        w = torch.randn(*wshape, device="cuda", dtype=dtype, requires_grad=grad)
+        w = torch.randn(*wshape, device="cuda", dtype=dtype)
+        w = (w.contiguous(memory_format=fmt) if channels_last == "both" else w).requires_grad_(grad)
         pad = 0 if (tr or k == 1 or k == s) else k // 2
         conv = getattr(F, f"conv_transpose{dims}d" if tr else f"conv{dims}d")
         y, fwd = _transient(lambda: conv(x, w, stride=s, padding=pad, groups=g))  # noqa: F821 (called at once)
         row = dict(kind="conv", dims=dims, n=n, cin=cin, cout=cout, k=k, stride=s, groups=g, transposed=tr,
-                   size=size, dtype=dname, **({} if grad else {"grad": False}), in_bytes=x.numel() * x.element_size(),
+                   size=size, dtype=dname, **({} if grad else {"grad": False}),
+                   **({"channels_last": channels_last} if channels_last else {}), in_bytes=x.numel() * x.element_size(),
                    out_bytes=y.numel() * y.element_size(), w_bytes=w.numel() * w.element_size(), fwd_ws=fwd)
         if not grad:
             return row  # forward only, as a frozen layer runs
@@ -434,7 +457,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
                                                 "conv_patchify", "conv_patchify_wgrad", "conv_head_half",
-                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "lstm", "rnn"),
+                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "lstm",
+                                                "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
@@ -447,6 +471,7 @@ def main() -> None:
                 "conv_head_half": conv_head_half_rows,
                 "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows,
                 "conv_3d_stem": conv_3d_stem_rows, "conv_fp32_channels": conv_fp32_channels_rows,
+                "conv_channels_last": conv_channels_last_rows,
                 "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]

@@ -3,6 +3,8 @@
 #   bash benchmarks/estimate/device_batch_k.sh fp32conv   # fp32 3x3 convolutions over channel pairs, each backward
 #       # call alone (calibrate_cudnn.py --only conv_fp32_channels), then DPT's two head convolutions as its head
 #       # runs them (nn.Conv2d with bias, after a bilinear upsample), alone
+#   bash benchmarks/estimate/device_batch_k.sh channels_last   # convolutions on channels-last inputs, with a
+#       # channels-last weight or an NCHW one (calibrate_cudnn.py --only conv_channels_last)
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -27,6 +29,10 @@ for cin, cout, hw in ((256, 128, 192), (128, 32, 384)):
     print(f"{cin}->{cout} at {hw}^2 batch 8: input {x.nbytes} output {y.nbytes} forward transient {fwd} backward {bwd}")
 PY
     cat "$OUT/dpt_head_alone.txt"
+    ;;
+  channels_last)
+    timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last --out "$OUT" > "$OUT/channels_last.log" 2>&1
+    tail -n 3 "$OUT/channels_last.log"
     ;;
   tests)
     gpu_tests 570
