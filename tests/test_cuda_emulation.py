@@ -115,6 +115,57 @@ def test_a_two_class_half_precision_head_charges_its_input_gradients_workspace_i
     assert largest_workspace(4) < 72 * 256 * 256 * (16 + 4) * 2 // 10
 
 
+def test_channels_last_convolutions_take_what_the_grid_took():
+    # 2-D convolutions on channels-last inputs run cuDNN's NHWC kernels without the layout conversion: every call of
+    # the H200 grid (360 shapes; input and weight channels-last, or the input alone, whose NCHW weight PyTorch copies)
+    # is at or under the rule, at most 19 MiB under it; a backward's two calls are charged one block (the larger)
+    import json
+    from pathlib import Path
+
+    from memfit.estimate.workspaces import conv_workspace_bytes
+
+    MiB = 1 << 20
+    path = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate"
+            / "cudnn_calibration_conv_channels_last_h200_torch2.11_20261129.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 360
+    for r in rows:
+        n, item = r["n"], 4 if r["dtype"] == "fp32" else 2
+        side = round((r["out_bytes"] // item / (n * r["cout"])) ** 0.5)
+        shapes = ((n, r["cin"], r["size"], r["size"]), (r["cout"], r["cin"], r["k"], r["k"]), (n, r["cout"], side, side))
+        weight_copy = r["w_bytes"] if r["channels_last"] == "input" and r["k"] > 1 else 0
+        for took, backward in ((r["fwd_ws"], False), (max(r["dgrad_ws"], r["wgrad_ws"], r["bwd_ws"]), True)):
+            rule = conv_workspace_bytes(*shapes, itemsize=item, stride=(r["stride"],) * 2, groups=1, transposed=False,
+                                        half=item == 2, backward=backward, channels_last=True) + weight_copy
+            assert 0 <= rule - took <= 19 * MiB, (r, backward, took, rule)
+
+
+def test_a_channels_last_input_is_charged_no_layout_conversion():
+    # HF DPT's depth head runs on a permuted view of its ViT tokens (channels-last): its fp32 128 -> 32 3x3
+    # convolution at 8 x 384² took 12 MB in backward on an H200 where memfit charged 720 MiB of conversion; the
+    # same input in NCHW takes the conversion (dpt_head_alone_h200_torch2.11_20261129.txt)
+    from memfit import Workload
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.trace import trace_workload
+
+    def head(channels_last: bool) -> Workload:
+        def batch(n: int) -> tuple[torch.Tensor, ...]:
+            x = torch.randn(n, 96, 96, 128).permute(0, 3, 1, 2) if channels_last else torch.randn(n, 128, 96, 96)
+            return (x,)
+        return Workload(model=lambda: torch.nn.Conv2d(128, 32, 3, padding=1), batch=batch,
+                        loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                        batch_size=2)
+
+    def largest_workspace(channels_last: bool) -> int:
+        return max(a.nbytes for a in trace_workload(head(channels_last), gpu_spec("h100")).allocs
+                   if a.op == "cudnn_workspace")
+
+    io = 2 * (128 + 32) * 96 * 96 * 4
+    assert largest_workspace(False) >= io
+    # the constant, and the NCHW weight's copy for the forward and the input's gradient
+    assert largest_workspace(True) == 19_337_728 + 32 * 128 * 9 * 4
+
+
 def test_large_3d_pointwise_fp32_convolutions_take_a_workspace_in_backward():
     # 3-D 1x1x1 fp32 convolutions ran backward without a workspace up to 80 per axis and with 1.03 x input + output
     # at 160-224 (H200: cudnn_calibration_h200_* and cudnn_calibration_conv_3d_xl_h200_torch2.11_20261126.json)
@@ -676,3 +727,22 @@ def test_the_memory_efficient_backward_in_fp32_takes_its_grad_query_tiles_whatev
     assert efficient_attention_backward_fp32_bytes(24, 8, 192, 64) == query + 2 * delta
     # a head of 72 takes two 64-column tiles of 128 queries (the larger heads' kernel; an H200 to the byte)
     assert efficient_attention_backward_fp32_bytes(24, 8, 192, 72) == delta + 24 * 8 * 2 * 2 * (16 + 128 * 64 * 4)
+
+
+def test_a_channels_last_upsampling_gradient_takes_no_copy():
+    # CUDA's 2-D upsampling backward runs an NHWC kernel on grad_output.contiguous(ChannelsLast) for a channels-last
+    # gradient of 4 or more channels: nothing copied when it is laid out so (HF DPT's H200 stream has no block there,
+    # where memfit charged up to 576 MB); an NCHW gradient keeps the gradient-sized block
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.kernel_scratch import kernel_transients
+
+    gpu = gpu_spec("h200")
+    nhwc = torch.empty(2, 96, 96, 8).permute(0, 3, 1, 2)
+    for name in ("upsample_bilinear2d_backward", "upsample_nearest2d_backward"):
+        assert kernel_transients(name, (nhwc, (96, 96), (2, 8, 48, 48)), None, gpu) == []
+        nchw = nhwc.contiguous()
+        assert kernel_transients(name, (nchw, (96, 96), (2, 8, 48, 48)), None, gpu) == [nchw.nbytes]
+    # three channels: the NCHW kernel, which copies the gradient to NCHW
+    three = torch.empty(2, 96, 96, 3).permute(0, 3, 1, 2)
+    assert kernel_transients("upsample_bilinear2d_backward", (three, (96, 96), (2, 3, 48, 48)), None, gpu) == [
+        three.nbytes]

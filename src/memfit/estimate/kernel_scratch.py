@@ -287,6 +287,12 @@ def kernel_transients(name: str, args: Any, out: Any, gpu: GpuSpec) -> list[int]
     return [nbytes] if nbytes > 0 else []
 
 
+def _nhwc_upsample_backward(grad: torch.Tensor) -> bool:
+    """Whether a 2-D upsampling's backward runs CUDA's NHWC kernel: a channels-last gradient of at least 4 channels
+    (the input's gradient, allocated in the gradient's layout, then is channels-last too)."""
+    return grad.dim() == 4 and grad.shape[1] >= 4 and _Layout.of(grad).suggested() == torch.channels_last
+
+
 def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
     """Scratch memory a CUDA kernel takes as one block and gives back inside one op."""
     if name == "native_layer_norm_backward":
@@ -299,6 +305,13 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
         dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
         return ws.reduction_staging_bytes(x.shape, x.stride(), dims, x.element_size(), gpu.sm_count,
                                           ws.max_threads_per_sm(gpu.compute_capability))
+    if name in ("upsample_bilinear2d_backward", "upsample_nearest2d_backward") and _nhwc_upsample_backward(args[0]):
+        # UpSampleBilinear2d.cu / UpSampleNearest2d.cu: a channels-last gradient of 4 or more channels runs the NHWC
+        # kernel on grad_output.contiguous(ChannelsLast), which copies nothing when it is laid out so. HF DPT's
+        # neck and head (channels-last: permuted ViT tokens) upsample bilinearly: its H200 stream has no such
+        # block, where this rule's block below charged one of up to 576 MB in each of four backward calls
+        # (entry_traces_holdout4_h200_torch2.11_20261129_s31.tar.gz)
+        return _Layout.of(args[0]).copy_bytes(torch.channels_last)
     if name.startswith("upsample_") and name.endswith("_backward"):
         # a block the size of the output gradient (smp's U-Net decoder on an H200, transients_h200_20261126.json,
         # where that gradient is a channel slice of a concatenation's: the kernels' grad_output.contiguous(),
@@ -327,16 +340,19 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
                    transposed: bool, groups: int, *, backward: bool = False) -> int:
     """cuDNN's workspace for a convolution of ``x`` by ``w`` into ``y`` (``workspaces``, measured); ``trace``
     notes where the size is extrapolated or erratic (``where``: the module)."""
+    fmt = _cudnn_format(_Layout.of(x), _Layout.of(w))
+    channels_last = fmt != torch.contiguous_format and x.dim() == 4 and not transposed and groups == 1
     spatial = max(x.shape[2:], default=0)
-    calibrated = ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)
+    calibrated = ws.CHANNELS_LAST_CALIBRATED_SIZE if channels_last else ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)
     if spatial > calibrated and "conv_workspace_extrapolated" not in trace.uncertain:
+        layout = " channels-last" if channels_last else ""
         trace.uncertain["conv_workspace_extrapolated"] = (
-            f"{where}: a {x.dim() - 2}-D convolution over {tuple(x.shape[2:])}, larger than the calibrated "
+            f"{where}: a {x.dim() - 2}-D{layout} convolution over {tuple(x.shape[2:])}, larger than the calibrated "
             f"{calibrated} per axis"
         )
     call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
                 half=x.element_size() == 2, backward=backward, fp16=x.dtype == torch.float16)
-    unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
+    unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call) if not channels_last else 0
     if unsure > trace.uncertain_bytes.get("conv_workspace_erratic", 0):
         what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
                 if groups > 1 else f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} "
@@ -344,6 +360,10 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
         trace.uncertain["conv_workspace_erratic"] = (
             f"{where}: {what}, where cuDNN's workspace was erratic: the bound adds {unsure / 2**20:.0f} MiB")
         trace.uncertain_bytes["conv_workspace_erratic"] = unsure
+    if channels_last:
+        # PyTorch's weight.contiguous(format) for the forward and the input's gradient (ConvShared.cpp), in the call
+        return ws.conv_workspace_bytes(x.shape, w.shape, y.shape, **call, channels_last=True) + (
+            _Layout.of(w).copy_bytes(fmt))
     return ws.conv_workspace_bytes(x.shape, w.shape, y.shape, **call)
 
 

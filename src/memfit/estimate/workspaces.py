@@ -53,6 +53,51 @@ the other 4 (64 -> 2-8 at 2 x 128², 8 MiB of input), nor from 64 channels to on
 channels it was erratic (none at batch 6, up to 18 MiB at batch 2): left out. cuDNN can do without it under a cap."""
 
 
+# Channels-last 2-D convolutions (the input, or the input and the weight, in NHWC: ``model.to(memory_format=
+# torch.channels_last)``, or a permuted view reaching a plain model, as DPT's reassembled ViT tokens reach its
+# neck and head) run cuDNN's NHWC kernels on the data as it is: no layout conversion. Measured on 360 calls (3x3
+# from 16-256 to 16-256 channels, stride 1 and 2, 1x1 64 <-> 256 and 256 -> 3, a 7x7 stride-2 stem from 3 channels;
+# 56-384², batch 2 and 8; fp32, bf16, fp16; input and weight channels-last, or the input alone; each backward call
+# alone): cudnn_calibration_conv_channels_last_h200_torch2.11_20261129.json. What they took is a few MiB whatever the
+# size, but for a stem from at most 4 channels, and the filter gradient in fp32 from at most 16, which grow with the
+# activations. An NCHW weight reaching a channels-last input is copied by PyTorch (``weight.contiguous(format)``,
+# ConvShared.cpp) in forward and for the input's gradient: ``kernel_scratch.conv_workspace`` adds it. HF DPT's depth
+# head (fp32, 128 -> 32 at 8 x 384²) had been charged 720 MiB of conversion where the H200 took 12 MB (fourth draw,
+# entry_traces_holdout4_h200_torch2.11_20261129_s31.tar.gz); the same call on an NCHW input took the conversion
+# (dpt_head_alone_h200_torch2.11_20261129.txt).
+CHANNELS_LAST_FORWARD_BYTES = 8_782_848
+"""The most a channels-last forward call took outside the proportional cases (fp32 256 -> 128 at 8 x 192²)."""
+CHANNELS_LAST_BACKWARD_BYTES = 19_337_728
+"""The most a channels-last backward call took outside them (the filter gradient of bf16 256 -> 3 at 8 x 384²)."""
+CHANNELS_LAST_STEM_MAX_CIN = 4
+"""A stem: from at most this many channels. Its calls grew with the activations: at most 0.17 (fp32) and 0.43 (half)
+of input + output in forward, 1.18 (fp32) and 0.64 (half) in backward, beyond the constants above."""
+CHANNELS_LAST_STEM_RATIOS = {(False, False): 0.17, (False, True): 1.2, (True, False): 0.45, (True, True): 0.65}
+"""(half, backward) -> the part of input + output a stem is charged (each measured ratio rounded up)."""
+CHANNELS_LAST_CALIBRATED_SIZE = 384
+"""The largest size per axis of the channels-last grid: beyond it the trace says the workspace is extrapolated."""
+CHANNELS_LAST_FP32_NARROW_MAX_CIN, CHANNELS_LAST_FP32_NARROW_RATIO = 16, 1.1
+"""fp32 from at most this many channels (k > 1): the filter gradient took 1.01-1.06 x input + output at 192-384² (up
+to 1.37 x on smaller ones, within the constant); charged this part of it."""
+
+
+def _channels_last_bytes(input_shape: Sequence[int], output_shape: Sequence[int], kernel: Sequence[int], *,
+                         itemsize: int, half: bool, backward: bool) -> int:
+    """A 2-D channels-last convolution's call (``CHANNELS_LAST_*``), a backward's two calls charged alike (the
+    recorder takes one block per backward): on the grid never under what a call took, and at most 19 MiB over
+    (``tests/test_cuda_emulation.py``)."""
+    io = _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize)
+    constant = CHANNELS_LAST_BACKWARD_BYTES if backward else CHANNELS_LAST_FORWARD_BYTES
+    cin = input_shape[1]
+    ratio = 0.0
+    if any(k > 1 for k in kernel):
+        if cin <= CHANNELS_LAST_STEM_MAX_CIN:
+            ratio = CHANNELS_LAST_STEM_RATIOS[(half, backward)]
+        elif backward and not half and cin <= CHANNELS_LAST_FP32_NARROW_MAX_CIN:
+            ratio = CHANNELS_LAST_FP32_NARROW_RATIO
+    return max(constant, math.ceil(ratio * io))
+
+
 def conv_workspace_bytes(
     input_shape: Sequence[int],
     weight_shape: Sequence[int],
@@ -65,13 +110,18 @@ def conv_workspace_bytes(
     half: bool,
     backward: bool = False,
     fp16: bool = False,
+    channels_last: bool = False,
 ) -> int:
     """Transient bytes one cuDNN convolution call takes (forward, or one of the two backward calls); ``half`` for
-    fp16 and bf16, ``fp16`` for fp16 alone (the few rules that tell them apart)."""
+    fp16 and bf16, ``fp16`` for fp16 alone (the few rules that tell them apart); ``channels_last`` where cuDNN runs
+    it in NHWC (``cudnn_conv_suggest_memory_format``: the input or the weight channels-last)."""
     kernel = tuple(weight_shape[2:])
     dims = len(kernel)
     if groups > 1:
         return 0  # depthwise/grouped kernels: no layout conversion measured
+    if channels_last and dims == 2 and not transposed:
+        return _channels_last_bytes(input_shape, output_shape, kernel, itemsize=itemsize, half=half,
+                                    backward=backward)
     if (not backward and dims == 3 and not transposed and input_shape[1] <= VOLUME_INPUT_MAX_CHANNELS
             and any(k > 1 for k in kernel) and tuple(stride) != kernel):
         # a 3-D input layer or stem from 1-3 channels (CT, MRI, video; VOLUME_INPUT_MAX_CHANNELS): fp16 converts the
