@@ -116,19 +116,21 @@ def test_a_two_class_half_precision_head_charges_its_input_gradients_workspace_i
 
 
 def test_channels_last_convolutions_take_what_the_grid_took():
-    # 2-D convolutions on channels-last inputs run cuDNN's NHWC kernels without the layout conversion: every call of
-    # the H200 grid (360 shapes; input and weight channels-last, or the input alone, whose NCHW weight PyTorch copies)
-    # is at or under the rule, at most 19 MiB under it; a backward's two calls are charged one block (the larger)
+    # 2-D convolutions on channels-last inputs run cuDNN's NHWC kernels without the layout conversion: on the H200
+    # grid (360 shapes; input and weight channels-last, or the input alone, whose NCHW weight PyTorch copies) no call
+    # took more than the rule plus the bound's allowance, nor 19 MiB less; a backward's two calls are charged one
+    # block (the larger); the typical charge is the median, so about half the calls took more than it
     import json
     from pathlib import Path
 
-    from memfit.estimate.workspaces import conv_workspace_bytes
+    from memfit.estimate.workspaces import channels_last_unsure_bytes, conv_workspace_bytes
 
     MiB = 1 << 20
     path = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate"
             / "cudnn_calibration_conv_channels_last_h200_torch2.11_20261129.json")
     rows = json.loads(path.read_text())["rows"]
     assert len(rows) == 360
+    above_typical = 0
     for r in rows:
         n, item = r["n"], 4 if r["dtype"] == "fp32" else 2
         side = round((r["out_bytes"] // item / (n * r["cout"])) ** 0.5)
@@ -137,7 +139,11 @@ def test_channels_last_convolutions_take_what_the_grid_took():
         for took, backward in ((r["fwd_ws"], False), (max(r["dgrad_ws"], r["wgrad_ws"], r["bwd_ws"]), True)):
             rule = conv_workspace_bytes(*shapes, itemsize=item, stride=(r["stride"],) * 2, groups=1, transposed=False,
                                         half=item == 2, backward=backward, channels_last=True) + weight_copy
-            assert 0 <= rule - took <= 19 * MiB, (r, backward, took, rule)
+            largest = rule + channels_last_unsure_bytes(shapes[0], shapes[2], shapes[1][2:], itemsize=item,
+                                                        half=item == 2, backward=backward)
+            assert 0 <= largest - took <= 19 * MiB, (r, backward, took, largest)
+            above_typical += took > rule + 4096
+    assert 100 <= above_typical <= 200
 
 
 def test_a_channels_last_input_is_charged_no_layout_conversion():
@@ -147,6 +153,7 @@ def test_a_channels_last_input_is_charged_no_layout_conversion():
     from memfit import Workload
     from memfit.estimate.gpus import gpu_spec
     from memfit.estimate.trace import trace_workload
+    from memfit.estimate.workspaces import CHANNELS_LAST_BACKWARD_BYTES, CHANNELS_LAST_BACKWARD_MAX_BYTES
 
     def head(channels_last: bool) -> Workload:
         def batch(n: int) -> tuple[torch.Tensor, ...]:
@@ -156,14 +163,18 @@ def test_a_channels_last_input_is_charged_no_layout_conversion():
                         loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
                         batch_size=2)
 
-    def largest_workspace(channels_last: bool) -> int:
-        return max(a.nbytes for a in trace_workload(head(channels_last), gpu_spec("h100")).allocs
-                   if a.op == "cudnn_workspace")
+    def traced(channels_last: bool) -> tuple[int, int]:
+        trace = trace_workload(head(channels_last), gpu_spec("h100"))
+        return (max(a.nbytes for a in trace.allocs if a.op == "cudnn_workspace"),
+                trace.uncertain_bytes.get("conv_workspace_erratic", 0))
 
     io = 2 * (128 + 32) * 96 * 96 * 4
-    assert largest_workspace(False) >= io
-    # the constant, and the NCHW weight's copy for the forward and the input's gradient
-    assert largest_workspace(True) == 19_337_728 + 32 * 128 * 9 * 4
+    assert traced(False) == (traced(False)[0], 0) and traced(False)[0] >= io
+    # the typical size and the NCHW weight's copy for the forward and the input's gradient; the bound allows the
+    # grid's largest
+    weight = 32 * 128 * 9 * 4
+    assert traced(True) == (CHANNELS_LAST_BACKWARD_BYTES + weight,
+                            CHANNELS_LAST_BACKWARD_MAX_BYTES - CHANNELS_LAST_BACKWARD_BYTES)
 
 
 def test_large_3d_pointwise_fp32_convolutions_take_a_workspace_in_backward():

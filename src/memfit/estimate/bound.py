@@ -97,7 +97,8 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # batch <= 16: cuDNN took per-image partial sums or a conversion block of about input + output, erratically
     # (cudnn_calibration_conv_odd_channels_half_h200_torch2.11_20261127.json). Widened in bytes, not by a fraction:
     # the largest such call's allowance (memfit.estimate.workspaces.pointwise_half_unsure_bytes), once, since a
-    # workspace lives inside one call
+    # workspace lives inside one call; likewise a channels-last convolution's, charged its grid's typical size
+    # (none to 18 MiB measured: workspaces.channels_last_unsure_bytes)
     "conv_workspace_erratic": 0.0,
     # tensors the first step's forward or backward made and kept (a module's position embeddings or anchors),
     # taken as replaced by each later step's when the second step's forward and backward are copied from the first

@@ -352,11 +352,17 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
         )
     call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
                 half=x.element_size() == 2, backward=backward, fp16=x.dtype == torch.float16)
-    unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call) if not channels_last else 0
-    if unsure > trace.uncertain_bytes.get("conv_workspace_erratic", 0):
+    if channels_last:
+        unsure = ws.channels_last_unsure_bytes(x.shape, y.shape, w.shape[2:], itemsize=x.element_size(),
+                                               half=x.element_size() == 2, backward=backward)
+        what = (f"a channels-last convolution {w.shape[1]} -> {w.shape[0]} channels over {tuple(x.shape[2:])}, whose "
+                f"cuDNN workspace ranged from none to {ws.CHANNELS_LAST_BACKWARD_MAX_BYTES / 2**20:.0f} MiB on the grid")
+    else:
+        unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
         what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
                 if groups > 1 else f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} "
                 f"channels over {tuple(x.shape[2:])} in half precision")
+    if unsure > trace.uncertain_bytes.get("conv_workspace_erratic", 0):
         trace.uncertain["conv_workspace_erratic"] = (
             f"{where}: {what}, where cuDNN's workspace was erratic: the bound adds {unsure / 2**20:.0f} MiB")
         trace.uncertain_bytes["conv_workspace_erratic"] = unsure
