@@ -115,9 +115,9 @@ def _channels_last_bytes(input_shape: Sequence[int], output_shape: Sequence[int]
 def channels_last_unsure_bytes(input_shape: Sequence[int], output_shape: Sequence[int], kernel: Sequence[int], *,
                                itemsize: int, half: bool, backward: bool) -> int:
     """How much more than ``conv_workspace_bytes`` charges a 2-D channels-last call took at most on the grid."""
-    call = dict(itemsize=itemsize, half=half, backward=backward)
-    return (_channels_last_bytes(input_shape, output_shape, kernel, **call, largest=True)
-            - _channels_last_bytes(input_shape, output_shape, kernel, **call))
+    largest, typical = (_channels_last_bytes(input_shape, output_shape, kernel, itemsize=itemsize, half=half,
+                                             backward=backward, largest=big) for big in (True, False))
+    return largest - typical
 
 
 def conv_workspace_bytes(
