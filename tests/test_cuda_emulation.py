@@ -757,3 +757,64 @@ def test_a_channels_last_upsampling_gradient_takes_no_copy():
     three = torch.empty(2, 96, 96, 3).permute(0, 3, 1, 2)
     assert kernel_transients("upsample_bilinear2d_backward", (three, (96, 96), (2, 3, 48, 48)), None, gpu) == [
         three.nbytes]
+
+
+def _cuda_transient(fn) -> int:  # noqa: ANN001
+    """Bytes a CUDA call took above what was allocated before it and after it (its results kept)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    kept = fn()
+    torch.cuda.synchronize()
+    took = torch.cuda.max_memory_allocated() - max(before, torch.cuda.memory_allocated())
+    del kept
+    return took
+
+
+def _channels_last_call(n: int, cin: int, cout: int, k: int, s: int, side: int, weight_too: bool,
+                        dtype: torch.dtype) -> None:
+    """One channels-last convolution on CUDA: forward and backward within the rule plus the bound's allowance, and
+    neither near the NCHW layout conversion (input + output)."""
+    from memfit.estimate.workspaces import channels_last_unsure_bytes, conv_workspace_bytes
+
+    x = torch.randn(n, cin, side, side, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(cout, cin, k, k, device="cuda", dtype=dtype)
+    if weight_too:
+        w = w.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    w.requires_grad_()
+    y = torch.nn.functional.conv2d(x, w, stride=s, padding=k // 2)
+    gy = torch.ones_like(y)
+    took = {False: _cuda_transient(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=k // 2)),
+            True: _cuda_transient(lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True))}
+    copy = 0 if weight_too or k == 1 else w.nbytes
+    for backward, measured in took.items():
+        call = dict(itemsize=x.element_size(), half=dtype != torch.float32, backward=backward)
+        rule = conv_workspace_bytes(x.shape, w.shape, y.shape, stride=(s, s), groups=1, transposed=False,
+                                    channels_last=True, **call) + copy
+        allowance = channels_last_unsure_bytes(x.shape, y.shape, w.shape[2:], **call)
+        assert measured <= rule + allowance, (n, cin, cout, k, s, side, backward, measured, rule)
+        if k > 1:  # the NCHW rule charges about input + output here, 37-118 MB
+            assert measured < (x.nbytes + y.nbytes) // 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_convolutions_on_cuda_stay_within_the_rule(dtype: torch.dtype) -> None:
+    # shapes the grid did not have
+    torch.backends.cudnn.benchmark = False
+    for shape in ((2, 96, 48, 3, 1, 320, True), (4, 48, 96, 3, 2, 256, False), (3, 160, 160, 3, 1, 160, False),
+                  (2, 80, 320, 1, 1, 200, True)):
+        _channels_last_call(*shape, dtype=dtype)
+
+
+@pytest.mark.gpu
+def test_a_channels_last_upsampling_backward_on_cuda_copies_nothing() -> None:
+    # the NHWC kernel: the input's gradient alone is allocated (kernel_scratch's rule charges no copy)
+    g = torch.randn(4, 64, 96, 96, device="cuda").contiguous(memory_format=torch.channels_last)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = torch.ops.aten.upsample_bilinear2d_backward(g, (96, 96), (4, 64, 48, 48), False)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before == out.nbytes
