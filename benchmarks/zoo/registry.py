@@ -18,6 +18,7 @@ MODULES = (
     "timm_models.py", "hf_transformers.py", "torchvision_models.py", "monai_models.py", "smp_models.py",
     "nnunet_models.py", "finetuning.py", "torch_features.py", "holdout.py", "holdout2.py", "holdout3.py",
     "holdout4.py",
+    "holdout5.py",
 )
 """The family modules, in report order."""
 
