@@ -69,8 +69,8 @@ CHANNELS_LAST_BACKWARD_BYTES = 3_441_664
 """What a channels-last backward call took, the median of the grid's 312 outside the proportional cases below (the
 larger of each backward's two calls); the forward took nothing on 296 of them. The estimate charges these typical
 sizes: where the workspaces fall decides which cached blocks the allocator splits, and charging the grid's largest
-everywhere moved HF DPT's replayed cap 2 % away from its H200 stream's (10.6 MB blocks in forward where the GPU
-took none)."""
+everywhere put the replayed reserved peak of HF DPT's traced stream 3.8 % above its H200 stream's (11 MB blocks in
+forward where the GPU took 2.4, the weight's copy); with the typical sizes, 0.2 % under."""
 CHANNELS_LAST_FORWARD_MAX_BYTES = 8_782_848
 """The most a channels-last forward call took outside the proportional cases (fp32 256 -> 128 at 8 x 192²): what the
 upper bound allows for beyond the typical size, once (``channels_last_unsure_bytes``)."""
