@@ -5,6 +5,10 @@
 #       # runs them (nn.Conv2d with bias, after a bilinear upsample), alone
 #   bash benchmarks/estimate/device_batch_k.sh channels_last   # convolutions on channels-last inputs, with a
 #       # channels-last weight or an NCHW one (calibrate_cudnn.py --only conv_channels_last)
+#   bash benchmarks/estimate/device_batch_k.sh holdout5 NAMES   # the fifth draw measured (peaks and the smallest
+#       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
+#   bash benchmarks/estimate/device_batch_k.sh emulation   # the GPU tests of tests/test_cuda_emulation.py (the
+#       # channels-last convolutions and upsampling among them)
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -33,6 +37,15 @@ PY
   channels_last)
     timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last --out "$OUT" > "$OUT/channels_last.log" 2>&1
     tail -n 3 "$OUT/channels_last.log"
+    ;;
+  holdout5)
+    ZOO_COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout5_h200_s32.json \
+      ZOO_KIND=zoo_holdout5_measurements ZOO_BUDGET_S=${ZOO_BUDGET_S:-520} bash benchmarks/estimate/device_zoo.sh "$2"
+    ;;
+  emulation)
+    timeout 300 python3 -m pytest -q -m "gpu and not multigpu" tests/test_cuda_emulation.py -p no:cacheprovider \
+      > "$OUT/gpu_tests_emulation.log" 2>&1
+    tail -n 5 "$OUT/gpu_tests_emulation.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_emulation.log"
     ;;
   tests)
     gpu_tests 570
