@@ -9,6 +9,8 @@
 #       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
 #   bash benchmarks/estimate/device_batch_k.sh emulation   # the GPU tests of tests/test_cuda_emulation.py (the
 #       # channels-last convolutions and upsampling among them)
+#   bash benchmarks/estimate/device_batch_k.sh streams5   # the allocator streams of the fifth draw's bound miss (the
+#       # channels-last bilinear U-Net) and largest over-estimate (CvT), then the emulation GPU tests
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -46,6 +48,12 @@ PY
     timeout 300 python3 -m pytest -q -m "gpu and not multigpu" tests/test_cuda_emulation.py -p no:cacheprovider \
       > "$OUT/gpu_tests_emulation.log" 2>&1
     tail -n 5 "$OUT/gpu_tests_emulation.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_emulation.log"
+    ;;
+  streams5)
+    timeout 240 python3 benchmarks/estimate/trace_entries.py --zoo h5_torch_bilinear_unet_cl h5_hf_cvt --out "$OUT" \
+      > "$OUT/streams5.log" 2>&1
+    tail -n 4 "$OUT/streams5.log"
+    bash "$0" emulation
     ;;
   tests)
     gpu_tests 570
