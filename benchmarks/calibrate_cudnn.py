@@ -350,6 +350,21 @@ def conv_channels_last_rows() -> list[dict]:
     return rows
 
 
+def conv_channels_last_odd_rows() -> list[dict]:
+    """Channels-last convolutions whose channel counts are not powers of two (a U-Net decoder's concatenations: 96,
+    192, 384; EfficientNet's 24-160): a GPU test found an fp32 96 -> 48 3x3 at 2 x 320² taking an input-sized block
+    in forward, where the power-of-two grid above took none."""
+    rows = []
+    shapes = [(24, 24, 3), (48, 48, 3), (96, 48, 3), (96, 96, 3), (144, 144, 3), (192, 64, 3), (192, 192, 3),
+              (384, 128, 3), (80, 80, 3), (160, 160, 3), (96, 192, 1), (40, 240, 1)]
+    for (cin, cout, k), hw, n, dname, layout in itertools.product(shapes, (96, 192, 320), (2, 8), DTYPES,
+                                                                   ("both", "input")):
+        row = _conv_case(2, n, cin, cout, k, 1, 1, False, hw, dname, split_backward=True, channels_last=layout)
+        if row:
+            rows.append(row)
+    return rows
+
+
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True,  # noqa: ANN001, ANN202
                channels_last=None):
     """``channels_last``: None (NCHW), "input" (the input alone, as a permuted view: DPT's reassembled tokens) or
@@ -457,7 +472,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
                                                 "conv_patchify", "conv_patchify_wgrad", "conv_head_half",
-                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "lstm",
+                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "conv_channels_last_odd", "lstm",
                                                 "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
@@ -472,6 +487,7 @@ def main() -> None:
                 "conv_3d_half": conv_3d_half_rows, "conv_3d_head_half": conv_3d_head_half_rows,
                 "conv_3d_stem": conv_3d_stem_rows, "conv_fp32_channels": conv_fp32_channels_rows,
                 "conv_channels_last": conv_channels_last_rows,
+                "conv_channels_last_odd": conv_channels_last_odd_rows,
                 "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]

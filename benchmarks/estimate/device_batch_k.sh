@@ -11,6 +11,8 @@
 #       # channels-last convolutions and upsampling among them)
 #   bash benchmarks/estimate/device_batch_k.sh streams5   # the allocator streams of the fifth draw's bound miss (the
 #       # channels-last bilinear U-Net) and largest over-estimate (CvT), then the emulation GPU tests
+#   bash benchmarks/estimate/device_batch_k.sh channels_last_odd   # channels-last convolutions of channel counts
+#       # that are not powers of two (calibrate_cudnn.py --only conv_channels_last_odd)
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -54,6 +56,10 @@ PY
       > "$OUT/streams5.log" 2>&1
     tail -n 4 "$OUT/streams5.log"
     bash "$0" emulation
+    ;;
+  channels_last_odd)
+    timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last_odd --out "$OUT" > "$OUT/cl_odd.log" 2>&1
+    tail -n 3 "$OUT/cl_odd.log"
     ;;
   tests)
     gpu_tests 570
