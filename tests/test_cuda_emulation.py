@@ -126,10 +126,14 @@ def test_channels_last_convolutions_take_what_the_grid_took():
     from memfit.estimate.workspaces import channels_last_unsure_bytes, conv_workspace_bytes
 
     MiB = 1 << 20
-    path = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate"
-            / "cudnn_calibration_conv_channels_last_h200_torch2.11_20261129.json")
-    rows = json.loads(path.read_text())["rows"]
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate"
+    rows = json.loads((folder / "cudnn_calibration_conv_channels_last_h200_torch2.11_20261129.json").read_text())["rows"]
     assert len(rows) == 360
+    # channel counts that are not powers of two (a U-Net's concatenations), where fp32 took the input, the output or
+    # input + output by channel pair: charged the NCHW conversion, the bound up to 1.08 x input + output and more
+    odd = json.loads((folder / "cudnn_calibration_conv_channels_last_odd_h200_torch2.11_20261129.json").read_text())
+    assert len(odd["rows"]) == 432
+    rows += odd["rows"]
     above_typical = 0
     for r in rows:
         n, item = r["n"], 4 if r["dtype"] == "fp32" else 2
@@ -141,9 +145,15 @@ def test_channels_last_convolutions_take_what_the_grid_took():
                                         half=item == 2, backward=backward, channels_last=True) + weight_copy
             largest = rule + channels_last_unsure_bytes(shapes[0], shapes[2], shapes[1][2:], itemsize=item,
                                                         half=item == 2, backward=backward)
-            assert 0 <= largest - took <= 19 * MiB, (r, backward, took, largest)
+            fp32_odd = r["dtype"] == "fp32" and r["k"] > 1 and r["cin"] > 16 and not all(
+                c & (c - 1) == 0 for c in (r["cin"], r["cout"]))
+            assert 0 <= largest - took, (r, backward, took, largest)
+            assert largest - took <= (1.1 * (r["in_bytes"] + r["out_bytes"]) + 19 * MiB if fp32_odd else 19 * MiB)
+            # the typical charge: at most the grid's largest over what was taken, or (fp32 odd widths, charged the
+            # conversion whatever the pair took) at most the conversion of padded input + output
+            assert rule <= took + (1.1 * (r["in_bytes"] + r["out_bytes"]) if fp32_odd else 19 * MiB)
             above_typical += took > rule + 4096
-    assert 100 <= above_typical <= 200
+    assert 200 <= above_typical <= 450
 
 
 def test_a_channels_last_input_is_charged_no_layout_conversion():
@@ -775,7 +785,11 @@ def _channels_last_call(n: int, cin: int, cout: int, k: int, s: int, side: int, 
                         dtype: torch.dtype) -> None:
     """One channels-last convolution on CUDA: forward and backward within the rule plus the bound's allowance, and
     neither near the NCHW layout conversion (input + output)."""
-    from memfit.estimate.workspaces import channels_last_unsure_bytes, conv_workspace_bytes
+    from memfit.estimate.workspaces import (
+        channels_last_fp32_odd,
+        channels_last_unsure_bytes,
+        conv_workspace_bytes,
+    )
 
     x = torch.randn(n, cin, side, side, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
     w = torch.randn(cout, cin, k, k, device="cuda", dtype=dtype)
@@ -794,7 +808,9 @@ def _channels_last_call(n: int, cin: int, cout: int, k: int, s: int, side: int, 
                                     channels_last=True, **call) + copy
         allowance = channels_last_unsure_bytes(x.shape, y.shape, w.shape[2:], **call)
         assert measured <= rule + allowance, (n, cin, cout, k, s, side, backward, measured, rule)
-        if k > 1:  # the NCHW rule charges about input + output here, 37-118 MB
+        if k > 1 and not channels_last_fp32_odd(x.shape, y.shape, w.shape[2:], half=dtype != torch.float32):
+            # no layout conversion (the NCHW rule charges about input + output here, 37-118 MB); fp32 with channel
+            # counts that are not powers of two may take one (charged so)
             assert measured < (x.nbytes + y.nbytes) // 2
 
 

@@ -355,8 +355,14 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
     if channels_last:
         unsure = ws.channels_last_unsure_bytes(x.shape, y.shape, w.shape[2:], itemsize=x.element_size(),
                                                half=x.element_size() == 2, backward=backward)
-        what = (f"a channels-last convolution {w.shape[1]} -> {w.shape[0]} channels over {tuple(x.shape[2:])}, whose "
-                f"cuDNN workspace ranged from none to {ws.CHANNELS_LAST_BACKWARD_MAX_BYTES / 2**20:.0f} MiB on the grid")
+        if ws.channels_last_fp32_odd(x.shape, y.shape, w.shape[2:], half=x.element_size() == 2):
+            what = (f"an fp32 channels-last convolution {w.shape[1]} -> {w.shape[0]} channels over "
+                    f"{tuple(x.shape[2:])}, whose cuDNN workspace ranged from none to "
+                    f"{ws.CHANNELS_LAST_FP32_ODD_RATIO} x input + output by channel count on the grid")
+        else:
+            what = (f"a channels-last convolution {w.shape[1]} -> {w.shape[0]} channels over {tuple(x.shape[2:])}, "
+                    f"whose cuDNN workspace ranged from none to {ws.CHANNELS_LAST_BACKWARD_MAX_BYTES / 2**20:.0f} MiB "
+                    "on the grid")
     else:
         unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
         what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
