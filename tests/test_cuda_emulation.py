@@ -834,3 +834,31 @@ def test_a_channels_last_upsampling_backward_on_cuda_copies_nothing() -> None:
     out = torch.ops.aten.upsample_bilinear2d_backward(g, (96, 96), (4, 64, 48, 48), False)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before == out.nbytes
+
+
+@pytest.mark.parametrize(("precision", "copied"), [("fp16", False), ("bf16", True)])
+def test_an_fp16_softmax_under_autocast_keeps_no_fp32_copy_of_its_input(precision: str, copied: bool) -> None:
+    # SoftMax.cpp: on CUDA an fp16 input asked for fp32 output (autocast's policy for softmax and log_softmax) runs
+    # _softmax(input, dim, half_to_float=True); bf16 is converted first. The CPU composite always converted: HF CvT's
+    # fp16 eager attention had a 600 MB fp32 copy of its scores in the trace, none in its H200 stream
+    from memfit import Workload
+    from memfit.estimate.gpus import gpu_spec
+    from memfit.estimate.trace import trace_workload
+
+    class Scores(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = torch.nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scores = self.q(x) @ x.transpose(1, 2)
+            return torch.softmax(scores, dim=-1).sum() + torch.log_softmax(scores, dim=-1).mean()
+
+    w = Workload(model=Scores, batch=lambda n: (torch.randn(n, 512, 64),), loss=lambda out, b: out,
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8, precision=precision)
+    scores_fp32 = 8 * 512 * 512 * 4
+    trace = trace_workload(w, gpu_spec("h100"))
+    fp32_copies = [a for a in trace.allocs if a.op == "_to_copy" and a.nbytes == scores_fp32]
+    assert bool(fp32_copies) == copied
+    # the outputs are fp32 either way
+    assert sum(a.op in ("_softmax", "_log_softmax") and a.nbytes == scores_fp32 for a in trace.allocs) >= 2
