@@ -385,6 +385,13 @@ def batch_norm_impl(input: torch.Tensor, weight: torch.Tensor | None, bias: torc
                                                  eps, cudnn_enabled)[0]
 
 
+def softmax_kernel(input: torch.Tensor, dim: int, half_to_float: bool, *, log: bool = False) -> torch.Tensor:
+    """What the ``softmax`` / ``log_softmax`` composites run (``aten::_softmax`` / ``aten::_log_softmax``):
+    ``half_to_float`` reads fp16 and writes fp32 (CUDA's kernels only)."""
+    kernel = torch.ops.aten._log_softmax if log else torch.ops.aten._softmax
+    return kernel(input, dim, half_to_float)
+
+
 def sdpa_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
               dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
     """Attention by its math path (``aten::_scaled_dot_product_attention_math``): saves the probabilities."""

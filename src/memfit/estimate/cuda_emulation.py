@@ -269,15 +269,15 @@ def _cuda_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = Non
     # 20261129_s32.tar.gz). bf16 converts on CUDA too. Real CPU tensors (the real forward) keep the composite: the
     # CPU kernel has no half_to_float.
     if input.dtype == torch.float16 and dtype == torch.float32 and isinstance(input, tp.FakeTensor):
-        return torch.ops.aten._softmax(input, dim, True)
-    return torch.ops.aten._softmax(input.to(dtype) if dtype is not None else input, dim, False)
+        return tp.softmax_kernel(input, dim, True)
+    return tp.softmax_kernel(input.to(dtype) if dtype is not None else input, dim, False)
 
 
 def _cuda_log_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     # the same for log_softmax (SoftMax.cpp, log_softmax(input, dim, dtype))
     if input.dtype == torch.float16 and dtype == torch.float32 and isinstance(input, tp.FakeTensor):
-        return torch.ops.aten._log_softmax(input, dim, True)
-    return torch.ops.aten._log_softmax(input.to(dtype) if dtype is not None else input, dim, False)
+        return tp.softmax_kernel(input, dim, True, log=True)
+    return tp.softmax_kernel(input.to(dtype) if dtype is not None else input, dim, False, log=True)
 
 
 class _GroupedFlash(torch.autograd.Function):
