@@ -13,6 +13,8 @@
 #       # channels-last bilinear U-Net) and largest over-estimate (CvT), then the emulation GPU tests
 #   bash benchmarks/estimate/device_batch_k.sh channels_last_odd   # channels-last convolutions of channel counts
 #       # that are not powers of two (calibrate_cudnn.py --only conv_channels_last_odd)
+#   bash benchmarks/estimate/device_batch_k.sh streams_upernet   # the allocator stream of the fourth draw's
+#       # UperNet-ConvNeXt, whose fits_in moved +1.3 -> +4.9 % with the channels-last sizes (allocated exact)
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -60,6 +62,11 @@ PY
   channels_last_odd)
     timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last_odd --out "$OUT" > "$OUT/cl_odd.log" 2>&1
     tail -n 3 "$OUT/cl_odd.log"
+    ;;
+  streams_upernet)
+    timeout 240 python3 benchmarks/estimate/trace_entries.py --zoo h4_hf_upernet_convnext --out "$OUT" \
+      > "$OUT/streams_upernet.log" 2>&1
+    tail -n 3 "$OUT/streams_upernet.log"
     ;;
   tests)
     gpu_tests 570
