@@ -365,6 +365,19 @@ def conv_channels_last_odd_rows() -> list[dict]:
     return rows
 
 
+def conv_channels_last_wide_rows() -> list[dict]:
+    """Channels-last convolutions from 512-2048 channels (a segmentation head's fusion of concatenated pyramid
+    levels): HF UperNet-ConvNeXt's fp16 fpn_bottleneck (2048 -> 512, 3x3, 8 x 128²) took a 658 MiB layout conversion
+    on an H200 where the grids above, which stop at 384 input channels, took a few MiB."""
+    rows = []
+    shapes = [(cin, cout, k) for cin in (512, 1024, 2048) for cout in (256, 512) for k in (3, 1)]
+    for (cin, cout, k), hw, n, dname in itertools.product(shapes, (32, 64, 128), (2, 8), DTYPES):
+        row = _conv_case(2, n, cin, cout, k, 1, 1, False, hw, dname, split_backward=True, channels_last="both")
+        if row:
+            rows.append(row)
+    return rows
+
+
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True,  # noqa: ANN001, ANN202
                channels_last=None):
     """``channels_last``: None (NCHW), "input" (the input alone, as a permuted view: DPT's reassembled tokens) or
@@ -472,7 +485,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
                                                 "conv_patchify", "conv_patchify_wgrad", "conv_head_half",
-                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "conv_channels_last_odd", "lstm",
+                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "conv_channels_last_odd", "conv_channels_last_wide", "lstm",
                                                 "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
@@ -488,6 +501,7 @@ def main() -> None:
                 "conv_3d_stem": conv_3d_stem_rows, "conv_fp32_channels": conv_fp32_channels_rows,
                 "conv_channels_last": conv_channels_last_rows,
                 "conv_channels_last_odd": conv_channels_last_odd_rows,
+                "conv_channels_last_wide": conv_channels_last_wide_rows,
                 "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]

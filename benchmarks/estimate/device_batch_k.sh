@@ -15,6 +15,8 @@
 #       # that are not powers of two (calibrate_cudnn.py --only conv_channels_last_odd)
 #   bash benchmarks/estimate/device_batch_k.sh streams_upernet   # the allocator stream of the fourth draw's
 #       # UperNet-ConvNeXt, whose fits_in moved +1.3 -> +4.9 % with the channels-last sizes (allocated exact)
+#   bash benchmarks/estimate/device_batch_k.sh channels_last_wide   # channels-last convolutions from 512-2048
+#       # channels (calibrate_cudnn.py --only conv_channels_last_wide)
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -67,6 +69,10 @@ PY
     timeout 240 python3 benchmarks/estimate/trace_entries.py --zoo h4_hf_upernet_convnext --out "$OUT" \
       > "$OUT/streams_upernet.log" 2>&1
     tail -n 3 "$OUT/streams_upernet.log"
+    ;;
+  channels_last_wide)
+    timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last_wide --out "$OUT" > "$OUT/cl_wide.log" 2>&1
+    tail -n 3 "$OUT/cl_wide.log"
     ;;
   tests)
     gpu_tests 570
