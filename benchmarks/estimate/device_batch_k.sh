@@ -74,6 +74,30 @@ PY
     timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last_wide --out "$OUT" > "$OUT/cl_wide.log" 2>&1
     tail -n 3 "$OUT/cl_wide.log"
     ;;
+  layouts)
+    # the layout each convolution of UperNet-ConvNeXt (fourth draw) gets on the GPU, forward under fp16 autocast
+    timeout 200 python3 - > "$OUT/upernet_conv_layouts.txt" 2>&1 <<'PY'
+import sys
+import torch
+sys.path.insert(0, "benchmarks/zoo")
+import holdout4
+w = holdout4.h4_hf_upernet_convnext
+model = w.model().cuda().train()
+batch = {k: v.cuda() for k, v in w.batch(8).items()}
+def hook(name):
+    def pre(module, args):
+        x = args[0]
+        print(name, tuple(x.shape), x.stride(), x.dtype, "channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else "nchw" if x.is_contiguous() else "other")
+    return pre
+for name, m in model.named_modules():
+    if isinstance(m, torch.nn.Conv2d):
+        m.register_forward_pre_hook(hook(name))
+with torch.autocast("cuda", dtype=torch.float16):
+    out = model(**batch)
+print("loss", float(out.loss))
+PY
+    tail -n 12 "$OUT/upernet_conv_layouts.txt"
+    ;;
   tests)
     gpu_tests 570
     ;;
