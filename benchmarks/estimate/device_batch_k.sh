@@ -17,6 +17,7 @@
 #       # UperNet-ConvNeXt, whose fits_in moved +1.3 -> +4.9 % with the channels-last sizes (allocated exact)
 #   bash benchmarks/estimate/device_batch_k.sh channels_last_wide   # channels-last convolutions from 512-2048
 #       # channels (calibrate_cudnn.py --only conv_channels_last_wide)
+#   bash benchmarks/estimate/device_batch_k.sh psp_layouts   # layouts through UperNet's pooling branches on the GPU
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -97,6 +98,10 @@ with torch.autocast("cuda", dtype=torch.float16):
 print("loss", float(out.loss))
 PY
     tail -n 12 "$OUT/upernet_conv_layouts.txt"
+    ;;
+  psp_layouts)
+    timeout 120 python3 benchmarks/estimate/psp_layouts.py cuda > "$OUT/psp_layouts_cuda.txt" 2>&1
+    cat "$OUT/psp_layouts_cuda.txt"
     ;;
   tests)
     gpu_tests 570
