@@ -31,9 +31,10 @@ def run(device: str, dtype: torch.dtype) -> None:
         for scale in (1, 2, 3, 6):
             pooled = F.adaptive_avg_pool2d(x, scale)
             convolved = conv(pooled)
-            normed = torch.relu(bn(convolved))
-            up = F.interpolate(normed, size=(16, 16), mode="bilinear", align_corners=False)
-            for what, t in (("pool", pooled), ("conv", convolved), ("bn+relu", normed), ("up", up)):
+            normed = bn(convolved)
+            relu = torch.relu(normed)
+            up = F.interpolate(relu, size=(16, 16), mode="bilinear", align_corners=False)
+            for what, t in (("pool", pooled), ("conv", convolved), ("bn", normed), ("relu", relu), ("up", up)):
                 print(scale, what, _layout(t))
             outs.append(up)
         print("cat", _layout(torch.cat(outs, dim=1)))
