@@ -260,24 +260,17 @@ def _cuda_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
     return tp.batch_norm_impl(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled)
 
 
-def _cuda_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    # aten/src/ATen/native/SoftMax.cpp, softmax(input, dim, dtype): on CUDA an fp16 input asked for fp32 output (what
-    # autocast's fp32_set_opt_dtype policy asks of every fp16 softmax) runs _softmax(input, dim, half_to_float=True)
-    # on the fp16 data; anything else is converted to dtype first. The CPU composite always converts: an fp32 copy
-    # of the scores per attention layer that CUDA never makes (HF CvT's eager attention in fp16: 600 MB scores,
-    # copied in memfit's trace and not in the fifth draw's H200 stream, entry_traces_holdout5_h200_torch2.11_
-    # 20261129_s32.tar.gz). bf16 converts on CUDA too. Real CPU tensors (the real forward) keep the composite: the
-    # CPU kernel has no half_to_float.
+def _cuda_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None, *, log: bool = False) -> torch.Tensor:
+    # aten/src/ATen/native/SoftMax.cpp, softmax(input, dim, dtype) and log_softmax alike: on CUDA an fp16 input asked
+    # for fp32 output (what autocast's fp32_set_opt_dtype policy asks of every fp16 softmax) runs
+    # _softmax(input, dim, half_to_float=True) on the fp16 data; anything else is converted to dtype first. The CPU
+    # composite always converts: an fp32 copy of the scores per attention layer that CUDA never makes (HF CvT's eager
+    # attention in fp16: 600 MB scores, copied in memfit's trace and not in the fifth draw's H200 stream,
+    # entry_traces_holdout5_h200_torch2.11_20261129_s32.tar.gz). bf16 converts on CUDA too. Real CPU tensors (the
+    # real forward) keep the composite: the CPU kernel has no half_to_float.
     if input.dtype == torch.float16 and dtype == torch.float32 and isinstance(input, tp.FakeTensor):
-        return tp.softmax_kernel(input, dim, True)
-    return tp.softmax_kernel(input.to(dtype) if dtype is not None else input, dim, False)
-
-
-def _cuda_log_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    # the same for log_softmax (SoftMax.cpp, log_softmax(input, dim, dtype))
-    if input.dtype == torch.float16 and dtype == torch.float32 and isinstance(input, tp.FakeTensor):
-        return tp.softmax_kernel(input, dim, True, log=True)
-    return tp.softmax_kernel(input.to(dtype) if dtype is not None else input, dim, False, log=True)
+        return tp.softmax_kernel(input, dim, True, log=log)
+    return tp.softmax_kernel(input.to(dtype) if dtype is not None else input, dim, False, log=log)
 
 
 class _GroupedFlash(torch.autograd.Function):
@@ -540,7 +533,7 @@ class CudaSemantics:
         lib.impl("linear", _cuda_linear, "CompositeImplicitAutograd")
         lib.impl("batch_norm", _cuda_batch_norm, "CompositeImplicitAutograd")
         lib.impl("softmax.int", _cuda_softmax, "CompositeImplicitAutograd")
-        lib.impl("log_softmax.int", _cuda_log_softmax, "CompositeImplicitAutograd")
+        lib.impl("log_softmax.int", functools.partial(_cuda_softmax, log=True), "CompositeImplicitAutograd")
         # on CUDA, nn.LSTM/GRU/RNN run cuDNN's fused RNN whenever cuDNN takes the input (aten/src/ATen/native/RNN.cpp)
         for rnn_op, mode in (("lstm", "LSTM"), ("gru", "GRU"), ("rnn_tanh", "RNN_TANH"), ("rnn_relu", "RNN_RELU")):
             lib.impl(f"{rnn_op}.input", self.rnn.kernel(mode), "CompositeImplicitAutograd")

@@ -350,12 +350,13 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
             f"{where}: a {x.dim() - 2}-D{layout} convolution over {tuple(x.shape[2:])}, larger than the calibrated "
             f"{calibrated} per axis"
         )
+    half = x.element_size() == 2
     call = dict(itemsize=x.element_size(), stride=stride, groups=groups, transposed=transposed,
-                half=x.element_size() == 2, backward=backward, fp16=x.dtype == torch.float16)
+                half=half, backward=backward, fp16=x.dtype == torch.float16)
     if channels_last:
         unsure = ws.channels_last_unsure_bytes(x.shape, y.shape, w.shape[2:], itemsize=x.element_size(),
-                                               half=x.element_size() == 2, backward=backward)
-        if ws.channels_last_fp32_odd(x.shape, y.shape, w.shape[2:], half=x.element_size() == 2):
+                                               half=half, backward=backward)
+        if ws.channels_last_fp32_odd(x.shape, y.shape, w.shape[2:], half=half):
             what = (f"an fp32 channels-last convolution {w.shape[1]} -> {w.shape[0]} channels over "
                     f"{tuple(x.shape[2:])}, whose cuDNN workspace ranged from none to "
                     f"{ws.CHANNELS_LAST_FP32_ODD_RATIO} x input + output by channel count on the grid")
