@@ -34,6 +34,7 @@ from recipes import (  # noqa: E402
     ce,
     detection_batch,
     hf_loss,
+    images,
     lm_entry,
     monai_loss,
     monai_net,
@@ -176,14 +177,14 @@ h4_tv_maskrcnn_v2 = Workload(
 h4_tv_efficientnet_v2_s = Workload(
     name="h4_tv_efficientnet_v2_s", description="torchvision efficientnet_v2_s, 384x384, RMSprop, bf16",
     model=_tv("efficientnet_v2_s"),
-    batch=lambda n: (torch.randn(n, 3, 384, 384), torch.randint(0, 1000, (n,))), loss=ce,
+    batch=images(384), loss=ce,
     optimizer=lambda p: torch.optim.RMSprop(p, lr=0.016, alpha=0.9, eps=0.001, momentum=0.9, weight_decay=1e-5),
     batch_size=48, precision="bf16", tags=("torchvision", HOLDOUT4, "cnn"),
 )
 h4_tv_convnext_small = Workload(
     name="h4_tv_convnext_small", description="torchvision convnext_small, 224x224, bf16",
     model=_tv("convnext_small"),
-    batch=lambda n: (torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))), loss=ce,
+    batch=images(224), loss=ce,
     optimizer=adamw(1e-3), batch_size=96, precision="bf16", tags=("torchvision", HOLDOUT4, "cnn"),
 )
 

@@ -32,6 +32,7 @@ from recipes import (  # noqa: E402
     adamw,
     ce,
     hf_loss,
+    images,
     lm_entry,
     logits_ce,
     monai_loss,
@@ -89,7 +90,7 @@ h5_hf_fnet_mlm = Workload(
 h5_hf_cvt = Workload(
     name="h5_hf_cvt", description="CvT-13 (convolutional token embeddings and projections), 224x224, fp16",
     model=_hf("CvtForImageClassification", "CvtConfig", num_labels=1000),
-    batch=lambda n: (torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))),
+    batch=images(224),
     forward=lambda m, b: m(pixel_values=b[0]), loss=logits_ce, optimizer=adamw(1e-3), batch_size=64,
     precision="fp16", tags=("transformers", HOLDOUT5, "hybrid", "vision"),
 )
@@ -131,27 +132,27 @@ h5_hf_mobilenetv2_deeplab = Workload(
 h5_tv_resnext101_cl = Workload(
     name="h5_tv_resnext101_cl", description="torchvision resnext101_32x8d, 224x224, bf16, channels_last",
     model=_tv("resnext101_32x8d"),
-    batch=lambda n: (torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))), loss=ce,
+    batch=images(224), loss=ce,
     optimizer=sgd(nesterov=False), batch_size=64, precision="bf16", channels_last=True,
     tags=("torchvision", HOLDOUT5, "cnn", "channels_last"),
 )
 h5_tv_efficientnet_b3_cl = Workload(
     name="h5_tv_efficientnet_b3_cl", description="torchvision efficientnet_b3, 300x300, fp16, channels_last",
     model=_tv("efficientnet_b3"),
-    batch=lambda n: (torch.randn(n, 3, 300, 300), torch.randint(0, 1000, (n,))), loss=ce,
+    batch=images(300), loss=ce,
     optimizer=lambda p: torch.optim.RMSprop(p, lr=0.016, alpha=0.9, eps=0.001, momentum=0.9, weight_decay=1e-5),
     batch_size=64, precision="fp16", channels_last=True, tags=("torchvision", HOLDOUT5, "cnn", "channels_last"),
 )
 h5_tv_mnasnet = Workload(
     name="h5_tv_mnasnet", description="torchvision mnasnet1_0, 224x224, fp16",
     model=_tv("mnasnet1_0"),
-    batch=lambda n: (torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))), loss=ce,
+    batch=images(224), loss=ce,
     optimizer=sgd(nesterov=True), batch_size=192, precision="fp16", tags=("torchvision", HOLDOUT5, "cnn", "mobile"),
 )
 h5_tv_vit_b_32 = Workload(
     name="h5_tv_vit_b_32", description="torchvision vit_b_32, 224x224, fp16",
     model=_tv("vit_b_32"),
-    batch=lambda n: (torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))), loss=ce,
+    batch=images(224), loss=ce,
     optimizer=adamw(3e-3, 0.3), batch_size=256, precision="fp16", tags=("torchvision", HOLDOUT5, "transformer", "vit"),
 )
 
