@@ -334,48 +334,43 @@ def conv_fp32_channels_rows() -> list[dict]:
     return rows
 
 
-def conv_channels_last_rows() -> list[dict]:
-    """Convolutions on channels-last inputs, with a channels-last weight (``model.to(memory_format=...)``) or an
-    NCHW one (a permuted view reaching a plain model: DPT's reassembled ViT tokens, whose 3x3 head convolutions in fp32
-    took no layout conversion on an H200 where NCHW inputs of the same shapes took input + output), forward and each
-    backward call alone; 2-D only."""
+def _channels_last_rows(shapes: list[tuple[int, int, int, int]], sizes: tuple[int, ...],
+                        layouts: tuple[str, ...]) -> list[dict]:
+    """2-D convolutions (cin, cout, kernel, stride) on channels-last inputs at batch 2 and 8 in every precision,
+    forward and each backward call alone (``_conv_case``'s ``channels_last``: "both" or "input")."""
     rows = []
-    shapes = [(16, 16, 3, 1), (64, 64, 3, 1), (128, 32, 3, 1), (256, 128, 3, 1), (32, 64, 3, 1), (64, 128, 3, 2),
-              (64, 256, 1, 1), (256, 64, 1, 1), (3, 64, 7, 2), (256, 3, 1, 1)]
-    for (cin, cout, k, s), hw, n, dname, layout in itertools.product(shapes, (56, 192, 384), (2, 8), DTYPES,
-                                                                      ("both", "input")):
+    for (cin, cout, k, s), hw, n, dname, layout in itertools.product(shapes, sizes, (2, 8), DTYPES, layouts):
         row = _conv_case(2, n, cin, cout, k, s, 1, False, hw, dname, split_backward=True, channels_last=layout)
         if row:
             rows.append(row)
     return rows
 
 
+def conv_channels_last_rows() -> list[dict]:
+    """Convolutions on channels-last inputs, with a channels-last weight (``model.to(memory_format=...)``) or an
+    NCHW one (a permuted view reaching a plain model: DPT's reassembled ViT tokens, whose 3x3 head convolutions in fp32
+    took no layout conversion on an H200 where NCHW inputs of the same shapes took input + output), forward and each
+    backward call alone; 2-D only."""
+    shapes = [(16, 16, 3, 1), (64, 64, 3, 1), (128, 32, 3, 1), (256, 128, 3, 1), (32, 64, 3, 1), (64, 128, 3, 2),
+              (64, 256, 1, 1), (256, 64, 1, 1), (3, 64, 7, 2), (256, 3, 1, 1)]
+    return _channels_last_rows(shapes, (56, 192, 384), ("both", "input"))
+
+
 def conv_channels_last_odd_rows() -> list[dict]:
     """Channels-last convolutions whose channel counts are not powers of two (a U-Net decoder's concatenations: 96,
     192, 384; EfficientNet's 24-160): a GPU test found an fp32 96 -> 48 3x3 at 2 x 320² taking an input-sized block
     in forward, where the power-of-two grid above took none."""
-    rows = []
     shapes = [(24, 24, 3), (48, 48, 3), (96, 48, 3), (96, 96, 3), (144, 144, 3), (192, 64, 3), (192, 192, 3),
               (384, 128, 3), (80, 80, 3), (160, 160, 3), (96, 192, 1), (40, 240, 1)]
-    for (cin, cout, k), hw, n, dname, layout in itertools.product(shapes, (96, 192, 320), (2, 8), DTYPES,
-                                                                   ("both", "input")):
-        row = _conv_case(2, n, cin, cout, k, 1, 1, False, hw, dname, split_backward=True, channels_last=layout)
-        if row:
-            rows.append(row)
-    return rows
+    return _channels_last_rows([(cin, cout, k, 1) for cin, cout, k in shapes], (96, 192, 320), ("both", "input"))
 
 
 def conv_channels_last_wide_rows() -> list[dict]:
     """Channels-last convolutions from 512-2048 channels (a segmentation head's fusion of concatenated pyramid
     levels): HF UperNet-ConvNeXt's fp16 fpn_bottleneck (2048 -> 512, 3x3, 8 x 128²) took a 658 MiB layout conversion
     on an H200 where the grids above, which stop at 384 input channels, took a few MiB."""
-    rows = []
-    shapes = [(cin, cout, k) for cin in (512, 1024, 2048) for cout in (256, 512) for k in (3, 1)]
-    for (cin, cout, k), hw, n, dname in itertools.product(shapes, (32, 64, 128), (2, 8), DTYPES):
-        row = _conv_case(2, n, cin, cout, k, 1, 1, False, hw, dname, split_backward=True, channels_last="both")
-        if row:
-            rows.append(row)
-    return rows
+    shapes = [(cin, cout, k, 1) for cin in (512, 1024, 2048) for cout in (256, 512) for k in (3, 1)]
+    return _channels_last_rows(shapes, (32, 64, 128), ("both",))
 
 
 def _conv_case(dims, n, cin, cout, k, s, g, tr, size, dname, split_backward=False, grad=True,  # noqa: ANN001, ANN202
