@@ -22,17 +22,28 @@
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
 
+# calibrate_cudnn.py's family $1 into $OUT, its log $OUT/$2.log
+grid() {
+  timeout 500 python3 benchmarks/calibrate_cudnn.py --only "$1" --out "$OUT" > "$OUT/$2.log" 2>&1
+  tail -n 3 "$OUT/$2.log"
+}
+
+# the allocator streams of zoo entries $2... into $OUT (trace_entries.py), its log $OUT/$1.log
+streams() {
+  local log=$1; shift
+  timeout 240 python3 benchmarks/estimate/trace_entries.py --zoo "$@" --out "$OUT" > "$OUT/$log.log" 2>&1
+  tail -n 4 "$OUT/$log.log"
+}
+
 case "$1" in
   fp32conv)
-    timeout 400 python3 benchmarks/calibrate_cudnn.py --only conv_fp32_channels --out "$OUT" > "$OUT/fp32conv.log" 2>&1
-    tail -n 3 "$OUT/fp32conv.log"
+    grid conv_fp32_channels fp32conv
     timeout 120 python3 - > "$OUT/dpt_head_alone.txt" 2>&1 <<'PY'
+import sys
 import torch, torch.nn as nn
+sys.path.insert(0, "benchmarks")
+from calibrate_cudnn import _transient as transient
 print(torch.__version__, torch.backends.cudnn.version(), torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-def transient(fn):
-    torch.cuda.synchronize(); before = torch.cuda.memory_allocated(); torch.cuda.reset_peak_memory_stats()
-    out = fn(); torch.cuda.synchronize(); after = torch.cuda.memory_allocated()
-    return out, torch.cuda.max_memory_allocated() - max(before, after)
 for cin, cout, hw in ((256, 128, 192), (128, 32, 384)):
     conv = nn.Conv2d(cin, cout, 3, padding=1).cuda()
     x = torch.randn(8, cin, hw // 2, hw // 2, device="cuda")
@@ -44,8 +55,7 @@ PY
     cat "$OUT/dpt_head_alone.txt"
     ;;
   channels_last)
-    timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last --out "$OUT" > "$OUT/channels_last.log" 2>&1
-    tail -n 3 "$OUT/channels_last.log"
+    grid conv_channels_last channels_last
     ;;
   holdout5)
     ZOO_COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout5_h200_s32.json \
@@ -57,46 +67,21 @@ PY
     tail -n 5 "$OUT/gpu_tests_emulation.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_emulation.log"
     ;;
   streams5)
-    timeout 240 python3 benchmarks/estimate/trace_entries.py --zoo h5_torch_bilinear_unet_cl h5_hf_cvt --out "$OUT" \
-      > "$OUT/streams5.log" 2>&1
-    tail -n 4 "$OUT/streams5.log"
+    streams streams5 h5_torch_bilinear_unet_cl h5_hf_cvt
     bash "$0" emulation
     ;;
   channels_last_odd)
-    timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last_odd --out "$OUT" > "$OUT/cl_odd.log" 2>&1
-    tail -n 3 "$OUT/cl_odd.log"
+    grid conv_channels_last_odd cl_odd
     ;;
   streams_upernet)
-    timeout 240 python3 benchmarks/estimate/trace_entries.py --zoo h4_hf_upernet_convnext --out "$OUT" \
-      > "$OUT/streams_upernet.log" 2>&1
-    tail -n 3 "$OUT/streams_upernet.log"
+    streams streams_upernet h4_hf_upernet_convnext
     ;;
   channels_last_wide)
-    timeout 500 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last_wide --out "$OUT" > "$OUT/cl_wide.log" 2>&1
-    tail -n 3 "$OUT/cl_wide.log"
+    grid conv_channels_last_wide cl_wide
     ;;
   layouts)
     # the layout each convolution of UperNet-ConvNeXt (fourth draw) gets on the GPU, forward under fp16 autocast
-    timeout 200 python3 - > "$OUT/upernet_conv_layouts.txt" 2>&1 <<'PY'
-import sys
-import torch
-sys.path.insert(0, "benchmarks/zoo")
-import holdout4
-w = holdout4.h4_hf_upernet_convnext
-model = w.model().cuda().train()
-batch = {k: v.cuda() for k, v in w.batch(8).items()}
-def hook(name):
-    def pre(module, args):
-        x = args[0]
-        print(name, tuple(x.shape), x.stride(), x.dtype, "channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else "nchw" if x.is_contiguous() else "other")
-    return pre
-for name, m in model.named_modules():
-    if isinstance(m, torch.nn.Conv2d):
-        m.register_forward_pre_hook(hook(name))
-with torch.autocast("cuda", dtype=torch.float16):
-    out = model(**batch)
-print("loss", float(out.loss))
-PY
+    timeout 200 python3 benchmarks/estimate/psp_layouts.py upernet > "$OUT/upernet_conv_layouts.txt" 2>&1
     tail -n 12 "$OUT/upernet_conv_layouts.txt"
     ;;
   psp_layouts)

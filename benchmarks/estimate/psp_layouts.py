@@ -1,7 +1,8 @@
 """Layouts through UperNet's pooling branches (pool, 1x1 conv, BN, ReLU, bilinear upsample) and their cat, on the GPU
 (``python benchmarks/estimate/psp_layouts.py cuda``) or as memfit traces them (``... fake``, on the CPU): where
 they part. HF UperNet-ConvNeXt's PSP bottleneck gets an NCHW input on an H200 and a channels-last one in memfit's
-trace (upernet_conv_layouts_h200_torch2.11_20261129_s32.txt)."""
+trace: ``... upernet`` (GPU) prints the layout of every convolution's input in the fourth draw's UperNet-ConvNeXt
+(upernet_conv_layouts_h200_torch2.11_20261129_s32.txt)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,33 @@ def run(device: str, dtype: torch.dtype) -> None:
         print("cat", _layout(torch.cat(outs, dim=1)))
 
 
+def upernet_convs() -> None:
+    """Every convolution's input layout in the fourth draw's UperNet-ConvNeXt, forward under fp16 autocast (GPU)."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zoo"))
+    import holdout4
+
+    w = holdout4.h4_hf_upernet_convnext
+    model = w.model().cuda().train()
+    batch = {k: v.cuda() for k, v in w.batch(8).items()}
+
+    def hook(name: str):  # noqa: ANN202
+        return lambda module, args: print(name, _layout(args[0]), args[0].dtype)
+
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Conv2d):
+            m.register_forward_pre_hook(hook(name))
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = model(**batch)
+    print("loss", float(out.loss))
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["cuda"]:
         run("cuda", torch.float16)
+    elif sys.argv[1:] == ["upernet"]:
+        upernet_convs()
     else:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
