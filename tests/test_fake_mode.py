@@ -149,3 +149,67 @@ def test_the_dispatch_cache_tells_apart_inputs_that_differ_in_one_attribute():
     ours = _run(StaticShapeFakeTensorMode, outputs)
     assert ours == _run(FakeTensorMode, outputs)
     assert ours == outputs(torch.empty(0))  # and eager's, on real tensors
+
+
+# Tensors that are contiguous and channels-last at once: a globally pooled channels-last feature map (N, C, 1, 1)
+# and a one-channel image made channels-last (N, 1, H, W); then plain layouts, which must stay as they were.
+_LAYOUTS = {
+    "pooled": lambda: torch.randn(8, 1, 1, 32).permute(0, 3, 1, 2),
+    "one_channel": lambda: torch.randn(4, 6, 5, 1).permute(0, 3, 1, 2),
+    "pooled_3d": lambda: torch.randn(2, 1, 1, 1, 16).permute(0, 4, 1, 2, 3),
+    "channels_last": lambda: torch.randn(4, 6, 5, 16).permute(0, 3, 1, 2),
+    "permuted": lambda: torch.randn(6, 4, 5, 16).permute(1, 3, 2, 0),
+    "contiguous": lambda: torch.randn(4, 16, 6, 5),
+}
+_POINTWISE = {
+    "relu": torch.relu, "relu6": F.relu6, "sigmoid": torch.sigmoid, "gelu": F.gelu, "silu": F.silu,
+    "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    "elu": F.elu, "mish": F.mish, "softplus": F.softplus, "tanh": torch.tanh, "clamp": lambda x: x.clamp(0, 6),
+    "pow": lambda x: x**2, "times_two": lambda x: x * 2, "plus_one": lambda x: x + 1, "half": lambda x: x / 2,
+    "square": lambda x: x * x, "scale": lambda x: x * torch.ones(1, x.shape[1], *[1] * (x.dim() - 2), device=x.device),
+    "where": lambda x: torch.where(x > 0, x, torch.zeros_like(x)), "prelu": lambda x: F.prelu(x, torch.full((1,), 0.25, device=x.device)),
+}
+
+
+def _strides(fn, x: torch.Tensor) -> tuple:  # noqa: ANN001
+    x = x.detach().requires_grad_()
+    out = fn(x)
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    return out.stride(), grad.stride()
+
+
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_pointwise_outputs_and_their_gradients_are_laid_out_as_in_eager(layout: str) -> None:
+    # eager TensorIterator gives most of these contiguous outputs on an ambiguous input and keeps the input's strides
+    # for the rest (a wrapped scalar operand, hardtanh); the fake kernels kept the input's strides for all of them
+    eager = {name: _strides(fn, _LAYOUTS[layout]()) for name, fn in _POINTWISE.items()}
+    with StaticShapeFakeTensorMode(allow_non_fake_inputs=True):
+        x = _LAYOUTS[layout]()
+        fake = {name: _strides(fn, x) for name, fn in _POINTWISE.items()}
+    assert fake == eager
+
+
+def test_a_pooled_branch_after_relu_is_upsampled_and_concatenated_as_on_the_gpu() -> None:
+    # UperNet's pyramid pooling: the 1 x 1 branch of a channels-last map, after its ReLU, is upsampled and
+    # concatenated NCHW on an H200 (benchmarks/results/estimate/psp_layouts_h200_torch2.11_20261129_s32.txt)
+    with StaticShapeFakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(8, 16, 16, 768).permute(0, 3, 1, 2)
+        branch = torch.relu(F.adaptive_avg_pool2d(x, 1))
+        up = F.interpolate(branch, size=(16, 16), mode="bilinear", align_corners=False)
+        assert branch.stride() == (768, 1, 1, 1)
+        assert up.is_contiguous()
+        assert torch.cat([x, up], dim=1).is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_pointwise_layouts_in_a_trace_are_cudas(layout: str) -> None:
+    # the same ops as the CPU test, and dropout (CUDA's fused kernel, not the CPU's composite), against CUDA
+    from memfit.estimate.cuda_emulation import CudaSemantics
+
+    ops = {**_POINTWISE, "dropout": lambda x: F.dropout(x, 0.1, True)}
+    cuda = {name: _strides(fn, _LAYOUTS[layout]().cuda()) for name, fn in ops.items()}
+    with StaticShapeFakeTensorMode(allow_non_fake_inputs=True), CudaSemantics():
+        x = _LAYOUTS[layout]()
+        fake = {name: _strides(fn, x) for name, fn in ops.items()}
+    assert fake == cuda

@@ -7,6 +7,7 @@ If a torch release moves one of these, this is the only module to change. Checke
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -170,12 +171,70 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
             except NotImplementedError:
                 pass  # FakeTensorMode's own way, below
         try:
-            return super()._dispatch_impl(func, types, args, kwargs)
+            out = super()._dispatch_impl(func, types, args, kwargs)
         except UnsupportedOperatorException:
             if func in self._python_only:
                 raise
             self._python_only.add(func)
-            return super()._dispatch_impl(func, types, args, kwargs)
+            out = super()._dispatch_impl(func, types, args, kwargs)
+        if type(out) is FakeTensor and out.dim() in (4, 5):
+            if func in _LIKE:
+                return self._preserved(func, args[0], kwargs, out)
+            if _is_pointwise(func):
+                return self._laid_out_as_eager(func, args, kwargs, (out,))[0]
+        elif type(out) is tuple and out and type(out[0]) is FakeTensor and out[0].dim() in (4, 5) \
+                and _is_pointwise(func):
+            return self._laid_out_as_eager(func, args, kwargs, out)
+        return out
+
+    def _preserved(self, func: Any, like: Any, kwargs: Any, out: FakeTensor) -> FakeTensor:
+        """``out`` of ``torch.*_like(like)``: eager gives a dense ``like``'s copy its strides exactly (``empty_like``,
+        aten/src/ATen/native/TensorFactories.cpp); torch._refs' ``empty_like`` sorts them, and makes a 5-D
+        (N, C, 1, 1, 1) tensor strided (C, 1, C, C, C) contiguous."""
+        if (kwargs.get("memory_format") not in (None, torch.preserve_format) or not isinstance(like, torch.Tensor)
+                or like.shape != out.shape or like.stride() == out.stride()
+                or not is_non_overlapping_and_dense(like)):
+            return out
+        return self._restrided(func, out, like.stride(), [like])
+
+    def _restrided(self, func: Any, out: FakeTensor, stride: tuple[int, ...], inputs: list[torch.Tensor]) -> FakeTensor:
+        """A fake tensor shaped and typed as ``out``, strided ``stride``."""
+        with _fake.in_kernel_invocation_manager(self):
+            meta = torch.empty_strided(out.shape, stride, dtype=out.dtype, device="meta")
+        return self.wrap_meta_outputs_with_default_device_logic(meta, func, inputs, device=out.device)
+
+    def _laid_out_as_eager(self, func: Any, args: Any, kwargs: Any, outs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``outs`` with the strides eager gives a pointwise op's outputs where its operands' layout is ambiguous.
+
+        A tensor with size-1 dimensions can be contiguous and channels-last at once (an (N, C, 1, 1) tensor strided
+        (C, 1, C, C), a one-channel (N, 1, H, W) image made channels-last). Eager TensorIterator gives most pointwise
+        ops' outputs on such operands contiguous strides (``compute_fast_setup_type``, aten/src/ATen/
+        TensorIterator.cpp: "ambiguous cases (NC11) always treated as contiguous") and keeps the operand's where an
+        operand differs in shape (a wrapped Python scalar: ``x * 2``, ``x.le(0)``) or where the kernel allocates its
+        output like its input (``hardtanh``); the fake kernels keep them (torch._prims sorts the strides) or make
+        them contiguous (FakeTensorMode's fast path for ``add``/``mul``, which ignores a scalar operand). No rule
+        over op names separates the cases (``pow(x, 2)`` is contiguous, ``x / 2`` is not), so the op runs for real
+        on a miniature of its operands (``_miniature``) and its output's layout is taken, once per op and operand
+        layout; CPU and CUDA share TensorIterator's set-up. What came after a wrong layout (UperNet's pooled 1 x 1
+        branch: its upsampling, a ``cat``, the convolution reading it) was channels-last in the trace and NCHW on
+        the GPU (benchmarks/results/estimate/psp_layouts_*_s32.txt)."""
+        flat = [*args, *kwargs.values()]  # a pointwise op takes its tensors as arguments of their own
+        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        # only ambiguous operands part the two; a non-contiguous one rules TensorIterator's contiguous set-up out
+        if not any(_ambiguous_layout(t) for t in tensors) or not all(t.is_contiguous() for t in tensors):
+            return outs
+        key = (func, tuple((t.dtype, _miniature_layout(t)) if isinstance(t, torch.Tensor) else type(t) for t in flat))
+        if key not in _EAGER_LAYOUT:
+            _EAGER_LAYOUT[key] = _eager_layout(func, args, kwargs)
+        layouts = _EAGER_LAYOUT[key]
+        if layouts is None or len(layouts) != len(outs):
+            return outs
+        laid_out = []
+        for out, layout in zip(outs, layouts, strict=True):
+            stride = _strides_from_layout(out.shape, layout) if type(out) is FakeTensor else None
+            laid_out.append(out if stride is None or stride == out.stride()
+                            else self._restrided(func, out, stride, tensors))
+        return tuple(laid_out)
 
     def _prep_args_for_hash(self, result: list[Any], args: Any, state: Any, id_hashed_objects: list[Any]) -> None:
         # The dispatch cache's key: FakeTensorMode's own describes each fake tensor by a dataclass of 17 fields that
@@ -226,6 +285,99 @@ if not all(hasattr(FakeTensorMode, name) for name in (
 )) or not hasattr(_fake, "in_kernel_invocation_manager"):  # pragma: no cover - depends on the installed torch
     # slower, and batch norm keeps its statistics as the CPU does
     StaticShapeFakeTensorMode = FakeTensorMode  # type: ignore[misc,assignment]
+
+
+# (op, operand miniature layouts) -> the layout of eager's output (StaticShapeFakeTensorMode._laid_out_as_eager)
+_EAGER_LAYOUT: dict[Any, tuple[tuple[int, ...] | None, ...] | None] = {}
+_POINTWISE: dict[Any, bool] = {}
+_LIKE = frozenset(getattr(torch.ops.aten, name).default for name in (
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"))
+
+
+# TensorIterator kernels that native_functions.yaml does not tag pointwise (aten/src/ATen/native/Activation.cpp,
+# torch 2.13); they lay out their outputs as the tagged ones do
+_UNTAGGED_POINTWISE = frozenset(f"aten::{name}" for name in (
+    "hardswish", "hardswish_backward", "hardsigmoid_backward", "mish_backward", "elu_backward", "leaky_relu_backward",
+    "softplus_backward", "hardtanh_backward", "log_sigmoid_backward", "softshrink_backward", "hardshrink_backward",
+    "_prelu_kernel", "_prelu_kernel_backward"))
+
+
+def _is_pointwise(func: Any) -> bool:
+    """An elementwise op that returns a new tensor and draws no random numbers."""
+    known = _POINTWISE.get(func)
+    if known is None:
+        known = _POINTWISE[func] = (
+            isinstance(func, torch._ops.OpOverload) and not func._schema.is_mutable
+            and torch.Tag.nondeterministic_seeded not in func.tags
+            and (torch.Tag.pointwise in func.tags or func.name() in _UNTAGGED_POINTWISE))
+    return known
+
+
+def _contiguous_strides(shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _ambiguous_layout(t: torch.Tensor) -> bool:
+    """Contiguous and channels-last at once, but not strided as a plain contiguous tensor."""
+    last = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    return (t.is_contiguous() and t.is_contiguous(memory_format=last)
+            and t.stride() != _contiguous_strides(t.shape))
+
+
+def _miniature_layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Sizes and strides of a miniature of the dense tensor ``t``: every size above 1 made 2, the strides in the
+    same order, and each size-1 dimension's stride standing where ``t``'s stands among the others (its value matters
+    to TensorIterator: (N, 1, H, W) strided (HW, 1, W, 1) is channels-last, strided (HW, HW, W, 1) is not)."""
+    inner = sorted((d for d in range(t.dim()) if t.shape[d] > 1), key=lambda d: t.stride()[d])
+    extents = [1]
+    for d in inner:
+        extents.append(extents[-1] * t.shape[d])
+    shape = tuple(min(n, 2) for n in t.shape)
+    return shape, tuple(2 ** bisect.bisect_left(extents, stride) for stride in t.stride())
+
+
+def _miniature(t: Any) -> Any:
+    """A real CPU tensor of ones laid out as ``_miniature_layout`` gives for the fake tensor ``t``."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    shape, stride = _miniature_layout(t)
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))
+    return torch.ones(span, dtype=t.dtype).as_strided(shape, stride)
+
+
+def _eager_layout(func: Any, args: Any, kwargs: Any) -> tuple[tuple[int, ...] | None, ...] | None:
+    """The layouts of ``func``'s eager outputs on miniatures of its fake operands: for each output and dimension,
+    the position of its stride among the output's extents (``_miniature_layout``'s exponents); None where the op
+    does not run on them (the fake kernel's strides stand)."""
+    import torch.utils._pytree as pytree
+
+    # real CPU tensors, no autocast (the trace's CUDA policy would cast them; a cast changes no layout)
+    with no_dispatch_modes(), exclude_dispatch_key("AutocastCPU"):
+        try:
+            real = func(*pytree.tree_map(_miniature, args), **pytree.tree_map(_miniature, kwargs))
+        except Exception:  # an op the miniature does not suit
+            return None
+    return tuple(
+        tuple(st.bit_length() - 1 for st in t.stride())
+        if isinstance(t, torch.Tensor) and all(st > 0 and st & (st - 1) == 0 for st in t.stride()) else None
+        for t in (real if isinstance(real, tuple) else (real,)))
+
+
+def _strides_from_layout(shape: torch.Size, layout: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """Strides for ``shape`` laid out as ``layout`` (``_eager_layout``) says; None where it fits no dense layout."""
+    if layout is None or len(layout) != len(shape):
+        return None
+    inner = sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: layout[d])
+    if [layout[d] for d in inner] != list(range(len(inner))) or max(layout) > len(inner):
+        return None
+    extents = [1]
+    for d in inner:
+        extents.append(extents[-1] * shape[d])
+    return tuple(extents[k] for k in layout)
 
 
 def no_dispatch_modes() -> Any:
