@@ -162,6 +162,7 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
         )
 
     def _dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        out: Any
         if func in _META_SHORTCUT and self._plain(args, kwargs):
             kwargs = {k: v for k, v in kwargs.items() if k != "device"}  # _plain: the same device
             try:
@@ -177,25 +178,25 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
                 raise
             self._python_only.add(func)
             out = super()._dispatch_impl(func, types, args, kwargs)
-        if type(out) is FakeTensor and out.dim() in (4, 5):
-            if func in _LIKE:
-                return self._preserved(func, args[0], kwargs, out)
-            if _is_pointwise(func):
-                return self._laid_out_as_eager(func, args, kwargs, (out,))[0]
-        elif type(out) is tuple and out and type(out[0]) is FakeTensor and out[0].dim() in (4, 5) \
-                and _is_pointwise(func):
-            return self._laid_out_as_eager(func, args, kwargs, out)
+        first: Any = out[0] if type(out) is tuple and out else out
+        if type(first) is FakeTensor and first.dim() in (4, 5) and (func in _LIKE_INPUT or _is_pointwise(func)):
+            outs: tuple[Any, ...] = (out,) if first is out else out  # type: ignore[assignment]
+            outs = (self._preserved(func, args[0], kwargs, outs) if func in _LIKE_INPUT
+                    else self._laid_out_as_eager(func, args, kwargs, outs))
+            return outs[0] if first is out else outs
         return out
 
-    def _preserved(self, func: Any, like: Any, kwargs: Any, out: FakeTensor) -> FakeTensor:
-        """``out`` of ``torch.*_like(like)``: eager gives a dense ``like``'s copy its strides exactly (``empty_like``,
-        aten/src/ATen/native/TensorFactories.cpp); torch._refs' ``empty_like`` sorts them, and makes a 5-D
-        (N, C, 1, 1, 1) tensor strided (C, 1, C, C, C) contiguous."""
+    def _preserved(self, func: Any, like: Any, kwargs: Any, outs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``outs`` of ``torch.*_like(like)`` or of CUDA's dropout kernels, which allocate theirs with ``empty_like``
+        (aten/src/ATen/native/cuda/Dropout.cu): eager gives a dense ``like``'s copy its strides exactly
+        (``empty_like``, aten/src/ATen/native/TensorFactories.cpp); torch._refs' ``empty_like`` sorts them, and
+        makes a 5-D (N, C, 1, 1, 1) tensor strided (C, 1, C, C, C) contiguous."""
         if (kwargs.get("memory_format") not in (None, torch.preserve_format) or not isinstance(like, torch.Tensor)
-                or like.shape != out.shape or like.stride() == out.stride()
                 or not is_non_overlapping_and_dense(like)):
-            return out
-        return self._restrided(func, out, like.stride(), [like])
+            return outs
+        return tuple(self._restrided(func, out, like.stride(), [like])
+                     if type(out) is FakeTensor and out.shape == like.shape and out.stride() != like.stride() else out
+                     for out in outs)
 
     def _restrided(self, func: Any, out: FakeTensor, stride: tuple[int, ...], inputs: list[torch.Tensor]) -> FakeTensor:
         """A fake tensor shaped and typed as ``out``, strided ``stride``."""
@@ -290,14 +291,18 @@ if not all(hasattr(FakeTensorMode, name) for name in (
 # (op, operand miniature layouts) -> the layout of eager's output (StaticShapeFakeTensorMode._laid_out_as_eager)
 _EAGER_LAYOUT: dict[Any, tuple[tuple[int, ...] | None, ...] | None] = {}
 _POINTWISE: dict[Any, bool] = {}
-_LIKE = frozenset(getattr(torch.ops.aten, name).default for name in (
-    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"))
+# ops whose outputs take their first argument's strides where it is dense: the *_like factories, and CUDA's dropout
+# kernels (the trace emulates CUDA's; the CPU's composite dropout lays its output out as TensorIterator does)
+_LIKE_INPUT = frozenset(getattr(torch.ops.aten, name).default for name in (
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "native_dropout",
+    "native_dropout_backward"))
 
 
 # TensorIterator kernels that native_functions.yaml does not tag pointwise (aten/src/ATen/native/Activation.cpp,
-# torch 2.13); they lay out their outputs as the tagged ones do
+# torch 2.13; leaky_relu is tagged there, not in 2.11, the GPU machine's); they lay out their outputs as the tagged
+# ones do
 _UNTAGGED_POINTWISE = frozenset(f"aten::{name}" for name in (
-    "hardswish", "hardswish_backward", "hardsigmoid_backward", "mish_backward", "elu_backward", "leaky_relu_backward",
+    "leaky_relu", "hardswish", "hardswish_backward", "hardsigmoid_backward", "mish_backward", "elu_backward", "leaky_relu_backward",
     "softplus_backward", "hardtanh_backward", "log_sigmoid_backward", "softshrink_backward", "hardshrink_backward",
     "_prelu_kernel", "_prelu_kernel_backward"))
 

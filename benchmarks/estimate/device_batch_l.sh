@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 33's device calls (H200), from the repository root, writing under $OUT.
+#   bash benchmarks/estimate/device_batch_l.sh holdout6 NAMES   # the sixth draw measured (peaks and the smallest
+#       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
+#   bash benchmarks/estimate/device_batch_l.sh layouts   # tests/test_fake_mode.py's GPU tests: pointwise outputs
+#       # and their gradients on tensors that are contiguous and channels-last at once, CUDA against the trace
+#   bash benchmarks/estimate/device_batch_l.sh tests   # the GPU tests (one GPU)
+set -u
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
+
+case "$1" in
+  holdout6)
+    ZOO_COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout6_h200_s33.json \
+      ZOO_KIND=zoo_holdout6_measurements ZOO_BUDGET_S=${ZOO_BUDGET_S:-520} bash benchmarks/estimate/device_zoo.sh "$2"
+    ;;
+  layouts)
+    timeout 200 python3 -m pytest -q -m "gpu and not multigpu" tests/test_fake_mode.py -p no:cacheprovider \
+      > "$OUT/gpu_tests_layouts.log" 2>&1
+    tail -n 5 "$OUT/gpu_tests_layouts.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_layouts.log"
+    ;;
+  tests)
+    gpu_tests 570
+    ;;
+esac
