@@ -19,6 +19,7 @@ MODULES = (
     "nnunet_models.py", "finetuning.py", "torch_features.py", "holdout.py", "holdout2.py", "holdout3.py",
     "holdout4.py",
     "holdout5.py",
+    "holdout6.py",
 )
 """The family modules, in report order."""
 
