@@ -4,6 +4,8 @@
 #       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
 #   bash benchmarks/estimate/device_batch_l.sh layouts   # tests/test_fake_mode.py's GPU tests: pointwise outputs
 #       # and their gradients on tensors that are contiguous and channels-last at once, CUDA against the trace
+#   bash benchmarks/estimate/device_batch_l.sh attention   # test_trace's fp32 efficient-attention backward test,
+#       # which failed at [8-63] in the suite's first run this session: alone, then after test_fake_mode's GPU tests
 #   bash benchmarks/estimate/device_batch_l.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -17,6 +19,14 @@ case "$1" in
     timeout 200 python3 -m pytest -q -m "gpu and not multigpu" tests/test_fake_mode.py -p no:cacheprovider \
       > "$OUT/gpu_tests_layouts.log" 2>&1
     tail -n 5 "$OUT/gpu_tests_layouts.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_layouts.log"
+    ;;
+  attention)
+    for tests in "tests/test_trace.py" "tests/test_fake_mode.py tests/test_trace.py"; do
+      echo "== $tests" >> "$OUT/gpu_tests_attention.log"
+      timeout 120 python3 -m pytest -q -m "gpu and not multigpu" $tests -k "efficient_attention_backward or cudas" \
+        -p no:cacheprovider >> "$OUT/gpu_tests_attention.log" 2>&1
+    done
+    grep -E "passed|failed" "$OUT/gpu_tests_attention.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_attention.log"
     ;;
   tests)
     gpu_tests 570
