@@ -179,16 +179,21 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
             self._python_only.add(func)
             out = super()._dispatch_impl(func, types, args, kwargs)
         first: Any = out[0] if type(out) is tuple and out else out
-        if type(first) is FakeTensor and first.dim() in (4, 5) and (func in _LIKE_INPUT or _is_pointwise(func)):
+        if type(first) is FakeTensor and first.dim() in (4, 5) and (
+                func in _LIKE_INPUT or func is _DROPOUT_BACKWARD or _is_pointwise(func)):
             outs: tuple[Any, ...] = (out,) if first is out else out  # type: ignore[assignment]
-            outs = (self._preserved(func, args[0], kwargs, outs) if func in _LIKE_INPUT
-                    else self._laid_out_as_eager(func, args, kwargs, outs))
+            if func in _LIKE_INPUT:
+                outs = self._preserved(func, args[0], kwargs, outs)
+            elif func is _DROPOUT_BACKWARD:
+                outs = self._suggested(func, args[0], outs)
+            else:
+                outs = self._laid_out_as_eager(func, args, kwargs, outs)
             return outs[0] if first is out else outs
         return out
 
     def _preserved(self, func: Any, like: Any, kwargs: Any, outs: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``outs`` of ``torch.*_like(like)`` or of CUDA's dropout kernels, which allocate theirs with ``empty_like``
-        (aten/src/ATen/native/cuda/Dropout.cu): eager gives a dense ``like``'s copy its strides exactly
+        """``outs`` of ``torch.*_like(like)`` or of CUDA's dropout, which allocates its output and mask with
+        ``empty_like`` (``dropout_cuda``, aten/src/ATen/native/cuda/Dropout.cu): eager gives a dense ``like``'s copy its strides exactly
         (``empty_like``, aten/src/ATen/native/TensorFactories.cpp); torch._refs' ``empty_like`` sorts them, and
         makes a 5-D (N, C, 1, 1, 1) tensor strided (C, 1, C, C, C) contiguous."""
         if (kwargs.get("memory_format") not in (None, torch.preserve_format) or not isinstance(like, torch.Tensor)
@@ -196,6 +201,17 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
             return outs
         return tuple(self._restrided(func, out, like.stride(), [like])
                      if type(out) is FakeTensor and out.shape == like.shape and out.stride() != like.stride() else out
+                     for out in outs)
+
+    def _suggested(self, func: Any, like: Any, outs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``outs`` of CUDA's dropout backward, which allocates its gradient in the memory format ``like`` suggests
+        (``masked_scale_cuda``, aten/src/ATen/native/cuda/Dropout.cu): channels-last where its strides are, else
+        contiguous (a permuted gradient comes out contiguous; an H200, tests/test_fake_mode.py)."""
+        if not isinstance(like, torch.Tensor):
+            return outs
+        stride = torch.empty(like.shape, device="meta", memory_format=suggest_memory_format(like)).stride()
+        return tuple(self._restrided(func, out, stride, [like])
+                     if type(out) is FakeTensor and out.shape == like.shape and out.stride() != stride else out
                      for out in outs)
 
     def _restrided(self, func: Any, out: FakeTensor, stride: tuple[int, ...], inputs: list[torch.Tensor]) -> FakeTensor:
@@ -292,10 +308,10 @@ if not all(hasattr(FakeTensorMode, name) for name in (
 _EAGER_LAYOUT: dict[Any, tuple[tuple[int, ...] | None, ...] | None] = {}
 _POINTWISE: dict[Any, bool] = {}
 # ops whose outputs take their first argument's strides where it is dense: the *_like factories, and CUDA's dropout
-# kernels (the trace emulates CUDA's; the CPU's composite dropout lays its output out as TensorIterator does)
+# (the trace emulates CUDA's kernels; the CPU's composite dropout lays its output out as TensorIterator does)
 _LIKE_INPUT = frozenset(getattr(torch.ops.aten, name).default for name in (
-    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "native_dropout",
-    "native_dropout_backward"))
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "native_dropout"))
+_DROPOUT_BACKWARD = torch.ops.aten.native_dropout_backward.default
 
 
 # TensorIterator kernels that native_functions.yaml does not tag pointwise (aten/src/ATen/native/Activation.cpp,
