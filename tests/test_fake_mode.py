@@ -166,8 +166,10 @@ _POINTWISE = {
     "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
     "elu": F.elu, "mish": F.mish, "softplus": F.softplus, "tanh": torch.tanh, "clamp": lambda x: x.clamp(0, 6),
     "pow": lambda x: x**2, "times_two": lambda x: x * 2, "plus_one": lambda x: x + 1, "half": lambda x: x / 2,
-    "square": lambda x: x * x, "scale": lambda x: x * torch.ones(1, x.shape[1], *[1] * (x.dim() - 2), device=x.device),
-    "where": lambda x: torch.where(x > 0, x, torch.zeros_like(x)), "prelu": lambda x: F.prelu(x, torch.full((1,), 0.25, device=x.device)),
+    "square": lambda x: x * x,
+    "scale": lambda x: x * torch.ones(1, x.shape[1], *[1] * (x.dim() - 2), device=x.device),
+    "where": lambda x: torch.where(x > 0, x, torch.zeros_like(x)),
+    "prelu": lambda x: F.prelu(x, torch.full((1,), 0.25, device=x.device)),
 }
 
 
@@ -199,6 +201,21 @@ def test_a_pooled_branch_after_relu_is_upsampled_and_concatenated_as_on_the_gpu(
         assert branch.stride() == (768, 1, 1, 1)
         assert up.is_contiguous()
         assert torch.cat([x, up], dim=1).is_contiguous()
+
+
+@pytest.mark.parametrize(("layout", "output", "gradient"), [
+    # what an H200 gave (benchmarks/results/tests/gpu_tests_layouts_h200_torch2.11_20261129_s33{,_r2}.log): the
+    # output and mask strided as the input, the gradient in the format the gradient suggests
+    ("pooled", (32, 1, 32, 32), (32, 1, 32, 32)),
+    ("one_channel", (30, 1, 5, 1), (30, 1, 5, 1)),
+    ("pooled_3d", (16, 1, 16, 16, 16), (16, 1, 16, 16, 16)),
+    ("permuted", (80, 1, 16, 320), (480, 30, 6, 1)),
+])
+def test_dropout_in_a_trace_is_laid_out_as_cudas_kernels(layout: str, output: tuple, gradient: tuple) -> None:
+    from memfit.estimate.cuda_emulation import CudaSemantics
+
+    with StaticShapeFakeTensorMode(allow_non_fake_inputs=True), CudaSemantics():
+        assert _strides(lambda x: F.dropout(x, 0.1, True), _LAYOUTS[layout]()) == (output, gradient)
 
 
 @pytest.mark.gpu

@@ -193,8 +193,8 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
 
     def _preserved(self, func: Any, like: Any, kwargs: Any, outs: tuple[Any, ...]) -> tuple[Any, ...]:
         """``outs`` of ``torch.*_like(like)`` or of CUDA's dropout, which allocates its output and mask with
-        ``empty_like`` (``dropout_cuda``, aten/src/ATen/native/cuda/Dropout.cu): eager gives a dense ``like``'s copy its strides exactly
-        (``empty_like``, aten/src/ATen/native/TensorFactories.cpp); torch._refs' ``empty_like`` sorts them, and
+        ``empty_like`` (``dropout_cuda``, aten/src/ATen/native/cuda/Dropout.cu). Eager ``empty_like`` gives a dense
+        ``like``'s copy its strides exactly (aten/src/ATen/native/TensorFactories.cpp); torch._refs' sorts them, and
         makes a 5-D (N, C, 1, 1, 1) tensor strided (C, 1, C, C, C) contiguous."""
         if (kwargs.get("memory_format") not in (None, torch.preserve_format) or not isinstance(like, torch.Tensor)
                 or not is_non_overlapping_and_dense(like)):
@@ -318,9 +318,9 @@ _DROPOUT_BACKWARD = torch.ops.aten.native_dropout_backward.default
 # torch 2.13; leaky_relu is tagged there, not in 2.11, the GPU machine's); they lay out their outputs as the tagged
 # ones do
 _UNTAGGED_POINTWISE = frozenset(f"aten::{name}" for name in (
-    "leaky_relu", "hardswish", "hardswish_backward", "hardsigmoid_backward", "mish_backward", "elu_backward", "leaky_relu_backward",
-    "softplus_backward", "hardtanh_backward", "log_sigmoid_backward", "softshrink_backward", "hardshrink_backward",
-    "_prelu_kernel", "_prelu_kernel_backward"))
+    "leaky_relu", "hardswish", "hardswish_backward", "hardsigmoid_backward", "mish_backward", "elu_backward",
+    "leaky_relu_backward", "softplus_backward", "hardtanh_backward", "log_sigmoid_backward", "softshrink_backward",
+    "hardshrink_backward", "_prelu_kernel", "_prelu_kernel_backward"))
 
 
 def _is_pointwise(func: Any) -> bool:
