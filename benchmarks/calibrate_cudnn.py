@@ -356,6 +356,15 @@ def conv_channels_last_rows() -> list[dict]:
     return _channels_last_rows(shapes, (56, 192, 384), ("both", "input"))
 
 
+def conv_channels_last_large_rows() -> list[dict]:
+    """Channels-last convolutions at 512 and 1024 per axis, where the grid above stops at 384: the segmentation steps of
+    the sixth draw (smp, torchvision DeepLabV3, a PSP head) train at 473-513² and their stems were widened as
+    extrapolated. Stems from RGB (7x7 and 3x3, stride 2) and a ResNet block's 3x3 and 1x1 convolutions, input and
+    weight channels-last."""
+    shapes = [(3, 64, 7, 2), (3, 32, 3, 2), (3, 48, 3, 2), (64, 64, 3, 1), (256, 64, 1, 1), (64, 256, 1, 1)]
+    return _channels_last_rows(shapes, (512, 1024), ("both",))
+
+
 def conv_channels_last_odd_rows() -> list[dict]:
     """Channels-last convolutions whose channel counts are not powers of two (a U-Net decoder's concatenations: 96,
     192, 384; EfficientNet's 24-160): a GPU test found an fp32 96 -> 48 3x3 at 2 x 320² taking an input-sized block
@@ -480,7 +489,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("conv", "conv_large", "conv_2d_xl", "conv_narrow", "conv_narrow_trigger", "conv_3d_xl",
                                                 "conv_pointwise_half", "conv_pointwise_small_half", "conv_big_weight", "conv_odd_channels_half",
                                                 "conv_patchify", "conv_patchify_wgrad", "conv_head_half",
-                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "conv_channels_last_odd", "conv_channels_last_wide", "lstm",
+                                                "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "conv_channels_last_odd", "conv_channels_last_wide", "conv_channels_last_large", "lstm",
                                                 "rnn"),
                         help="measure one family only")
     args = parser.parse_args()
@@ -497,6 +506,7 @@ def main() -> None:
                 "conv_channels_last": conv_channels_last_rows,
                 "conv_channels_last_odd": conv_channels_last_odd_rows,
                 "conv_channels_last_wide": conv_channels_last_wide_rows,
+                "conv_channels_last_large": conv_channels_last_large_rows,
                 "lstm": lstm_rows,
                 "rnn": rnn_rows}
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]

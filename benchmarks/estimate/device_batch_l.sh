@@ -6,6 +6,8 @@
 #       # and their gradients on tensors that are contiguous and channels-last at once, CUDA against the trace
 #   bash benchmarks/estimate/device_batch_l.sh attention   # test_trace's fp32 efficient-attention backward test,
 #       # which failed at [8-63] in the suite's first run this session: alone, then after test_fake_mode's GPU tests
+#   bash benchmarks/estimate/device_batch_l.sh channels_last_large   # channels-last convolutions over 512-1024 per
+#       # axis (calibrate_cudnn.py --only conv_channels_last_large), where the grid stopped at 384
 #   bash benchmarks/estimate/device_batch_l.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
@@ -27,6 +29,11 @@ case "$1" in
         -p no:cacheprovider >> "$OUT/gpu_tests_attention.log" 2>&1
     done
     grep -E "passed|failed" "$OUT/gpu_tests_attention.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_attention.log"
+    ;;
+  channels_last_large)
+    timeout 540 python3 benchmarks/calibrate_cudnn.py --only conv_channels_last_large --out "$OUT" \
+      > "$OUT/cl_large.log" 2>&1
+    tail -n 3 "$OUT/cl_large.log"
     ;;
   tests)
     gpu_tests 570
