@@ -199,9 +199,7 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
         if (kwargs.get("memory_format") not in (None, torch.preserve_format) or not isinstance(like, torch.Tensor)
                 or not is_non_overlapping_and_dense(like)):
             return outs
-        return tuple(self._restrided(func, out, like.stride(), [like])
-                     if type(out) is FakeTensor and out.shape == like.shape and out.stride() != like.stride() else out
-                     for out in outs)
+        return self._strided_as(func, outs, like, like.stride())
 
     def _suggested(self, func: Any, like: Any, outs: tuple[Any, ...]) -> tuple[Any, ...]:
         """``outs`` of CUDA's dropout backward, which allocates its gradient in the memory format ``like`` suggests
@@ -210,6 +208,11 @@ class StaticShapeFakeTensorMode(FakeTensorMode):
         if not isinstance(like, torch.Tensor):
             return outs
         stride = torch.empty(like.shape, device="meta", memory_format=suggest_memory_format(like)).stride()
+        return self._strided_as(func, outs, like, stride)
+
+    def _strided_as(self, func: Any, outs: tuple[Any, ...], like: torch.Tensor,
+                    stride: tuple[int, ...]) -> tuple[Any, ...]:
+        """``outs``, those shaped as ``like`` strided ``stride``."""
         return tuple(self._restrided(func, out, stride, [like])
                      if type(out) is FakeTensor and out.shape == like.shape and out.stride() != stride else out
                      for out in outs)
@@ -334,29 +337,20 @@ def _is_pointwise(func: Any) -> bool:
     return known
 
 
-def _contiguous_strides(shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
-
-
 def _ambiguous_layout(t: torch.Tensor) -> bool:
     """Contiguous and channels-last at once, but not strided as a plain contiguous tensor."""
+    from torch._prims_common import make_contiguous_strides_for
+
     last = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
     return (t.is_contiguous() and t.is_contiguous(memory_format=last)
-            and t.stride() != _contiguous_strides(t.shape))
+            and t.stride() != tuple(make_contiguous_strides_for(t.shape)))
 
 
 def _miniature_layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Sizes and strides of a miniature of the dense tensor ``t``: every size above 1 made 2, the strides in the
     same order, and each size-1 dimension's stride standing where ``t``'s stands among the others (its value matters
     to TensorIterator: (N, 1, H, W) strided (HW, 1, W, 1) is channels-last, strided (HW, HW, W, 1) is not)."""
-    inner = sorted((d for d in range(t.dim()) if t.shape[d] > 1), key=lambda d: t.stride()[d])
-    extents = [1]
-    for d in inner:
-        extents.append(extents[-1] * t.shape[d])
+    extents = _extents(t.shape, sorted((d for d in range(t.dim()) if t.shape[d] > 1), key=lambda d: t.stride()[d]))
     shape = tuple(min(n, 2) for n in t.shape)
     return shape, tuple(2 ** bisect.bisect_left(extents, stride) for stride in t.stride())
 
@@ -395,10 +389,16 @@ def _strides_from_layout(shape: torch.Size, layout: tuple[int, ...] | None) -> t
     inner = sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: layout[d])
     if [layout[d] for d in inner] != list(range(len(inner))) or max(layout) > len(inner):
         return None
-    extents = [1]
-    for d in inner:
-        extents.append(extents[-1] * shape[d])
+    extents = _extents(shape, inner)
     return tuple(extents[k] for k in layout)
+
+
+def _extents(shape: tuple[int, ...] | torch.Size, dims: list[int]) -> list[int]:
+    """1, then the running products of ``shape``'s sizes over ``dims`` (innermost first): a dense layout's strides."""
+    extents = [1]
+    for d in dims:
+        extents.append(extents[-1] * shape[d])
+    return extents
 
 
 def no_dispatch_modes() -> Any:
