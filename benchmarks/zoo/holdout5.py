@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import (  # noqa: E402
     adamw,
     ce,
+    ctc_audio,
     hf_loss,
     images,
     lm_entry,
@@ -61,9 +62,7 @@ h5_timm_twins_svt_small = _timm_entry("h5_timm_twins_svt_small", "twins_svt_smal
 h5_timm_crossvit_9 = _timm_entry("h5_timm_crossvit_9", "crossvit_9_240", 128, "bf16", adamw(), "transformer",
                                  size=240)
 h5_timm_cspresnext50_cl = _timm_entry("h5_timm_cspresnext50_cl", "cspresnext50", 64, "fp32", sgd(nesterov=True),
-                                      "cnn").replace(
-    name="h5_timm_cspresnext50_cl", description="timm cspresnext50 at 224x224, fp32, channels_last",
-    channels_last=True, tags=("timm", HOLDOUT5, "cnn", "channels_last"))
+                                      "cnn", channels_last=True)
 h5_timm_repvgg_a2 = _timm_entry("h5_timm_repvgg_a2", "repvgg_a2", 128, "fp16", sgd(nesterov=False), "cnn")
 
 
@@ -104,17 +103,13 @@ h5_hf_timesformer = Workload(
 )
 
 
-def _ctc_batch(n: int) -> dict[str, torch.Tensor]:
-    return {"input_values": torch.randn(n, 16000 * 8), "labels": torch.randint(1, 32, (n, 120))}
-
-
 h5_hf_w2v2_conformer_ctc = Workload(
     name="h5_hf_w2v2_conformer_ctc", description="Wav2Vec2-Conformer (rotary positions, 12 layers of 512) with CTC, "
     "8 s of 16 kHz audio, fp16",
     model=_hf("Wav2Vec2ConformerForCTC", "Wav2Vec2ConformerConfig", vocab_size=32, hidden_size=512,
               num_hidden_layers=12, num_attention_heads=8, intermediate_size=2048,
               position_embeddings_type="rotary", ctc_loss_reduction="mean"),
-    batch=_ctc_batch, loss=hf_loss, optimizer=adamw(1e-4, 0.0), batch_size=8, precision="fp16",
+    batch=ctc_audio(), loss=hf_loss, optimizer=adamw(1e-4, 0.0), batch_size=8, precision="fp16",
     tags=("transformers", HOLDOUT5, "transformer", "speech", "ctc"),
 )
 h5_hf_mobilenetv2_deeplab = Workload(

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipes import (  # noqa: E402
     adamw,
     ce,
+    ctc_audio,
     hf_loss,
     images,
     lm_entry,
@@ -67,11 +68,7 @@ def _adam(lr: float = 1e-4) -> Any:
 _timm_entry = functools.partial(timm_entry, family=HOLDOUT6)
 
 
-def _timm_cl(name: str, model: str, batch_size: int, precision: str, optimizer: Any) -> Workload:
-    """A timm CNN trained channels-last at 224x224, tagged as such."""
-    return _timm_entry(name, model, batch_size, precision, optimizer, "cnn").replace(
-        description=f"timm {model} at 224x224, {precision}, channels_last", channels_last=True,
-        tags=("timm", HOLDOUT6, "cnn", "channels_last"))
+_timm_cl = functools.partial(_timm_entry, kind="cnn", channels_last=True)
 
 
 h6_timm_seresnext50_cl = _timm_cl("h6_timm_seresnext50_cl", "seresnext50_32x4d", 128, "fp16", sgd(nesterov=True))
@@ -107,16 +104,12 @@ h6_hf_convbert_mlm = Workload(
 
 # --- transformers: speech, vision ---------------------------------------------------------------------------------
 
-def _ctc_batch(n: int) -> dict[str, torch.Tensor]:
-    return {"input_values": torch.randn(n, 16000 * 8), "labels": torch.randint(1, 32, (n, 120))}
-
-
 h6_hf_wavlm_ctc = Workload(
     name="h6_hf_wavlm_ctc", description="WavLM base's shape (gated relative position bias) with CTC over 32 "
     "characters, 8 s of 16 kHz audio, no LayerDrop or time masking, fp16",
     model=_hf("WavLMForCTC", "WavLMConfig", vocab_size=32, mask_time_prob=0.0, layerdrop=0.0,
               ctc_loss_reduction="mean"),
-    batch=_ctc_batch, loss=hf_loss, optimizer=adamw(1e-4, 0.0), batch_size=8, precision="fp16",
+    batch=ctc_audio(), loss=hf_loss, optimizer=adamw(1e-4, 0.0), batch_size=8, precision="fp16",
     tags=("transformers", HOLDOUT6, "transformer", "speech", "ctc"),
 )
 h6_hf_data2vec_vision_seg = Workload(

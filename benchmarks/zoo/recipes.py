@@ -194,14 +194,22 @@ def adamw(lr: float = 1e-3, wd: float = 0.05) -> Callable[[Any], torch.optim.Opt
 
 
 def timm_entry(name: str, model: str, batch_size: int, precision: str, optimizer: Callable[[Any], Any], kind: str,
-               size: int = 224, *, family: str) -> Workload:
+               size: int = 224, *, family: str, channels_last: bool = False) -> Workload:
     """A timm classifier trained with cross-entropy on random ``size`` x ``size`` images, tagged ``("timm",
-    family, kind)``."""
+    family, kind)``; trained channels-last, said so in its description and tagged ``"channels_last"`` too."""
+    layout = ("channels_last",) if channels_last else ()
     return Workload(
-        name=name, description=f"timm {model} at {size}x{size}, {precision}", model=timm_model(model),
-        batch=images(size), loss=ce, optimizer=optimizer, batch_size=batch_size, precision=precision,  # type: ignore[arg-type]
-        tags=("timm", family, kind),
+        name=name, description=", ".join((f"timm {model} at {size}x{size}", precision, *layout)),
+        model=timm_model(model), batch=images(size), loss=ce, optimizer=optimizer, batch_size=batch_size,
+        precision=precision, channels_last=channels_last, tags=("timm", family, kind, *layout),  # type: ignore[arg-type]
     )
+
+
+def ctc_audio(seconds: int = 8, rate: int = 16000, characters: int = 32, labels: int = 120) -> Batch:
+    """``n -> {"input_values": (n, seconds x rate) waveforms, "labels": (n, labels) ids from 1 up}``: a Hugging
+    Face speech model's CTC batch (0 is the blank)."""
+    return lambda n: {"input_values": torch.randn(n, rate * seconds),
+                      "labels": torch.randint(1, characters, (n, labels))}
 
 
 def seq2seq_batch(vocab: int, src: int, tgt: int) -> Batch:
