@@ -11,9 +11,20 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/card.txt"
 python3 -c "import torch; print(torch.__version__, torch.backends.cudnn.version())" >> "$OUT/card.txt"
 
+# The GPU tests of some test files within $2 seconds: $OUT/$1.log, the card appended.
+gpu_test_files() {
+  local log=$1 seconds=$2; shift 2
+  timeout "$seconds" python3 -m pytest -q -m "gpu and not multigpu" "$@" -p no:cacheprovider > "$OUT/$log.log" 2>&1
+  tail -n 5 "$OUT/$log.log"; cat "$OUT/card.txt" >> "$OUT/$log.log"
+}
+
+# A fresh draw's entries $3 (comma-separated) measured by device_zoo.sh from its committed predictions $1, the
+# results folder named for $2 (ZOO_BUDGET_S seconds, default 520; ZOO_DONE resumes an earlier call's folder).
+draw_measurements() {
+  ZOO_COVERAGE=$1 ZOO_KIND=$2 ZOO_BUDGET_S=${ZOO_BUDGET_S:-520} bash benchmarks/estimate/device_zoo.sh "$3"
+}
+
 # The GPU tests (one GPU) within $1 seconds: $OUT/gpu_tests.log, the card appended.
 gpu_tests() {
-  timeout "$1" python3 -m pytest -q -m "gpu and not multigpu" tests --ignore=tests/test_architecture.py \
-    -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-  tail -n 5 "$OUT/gpu_tests.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests.log"
+  gpu_test_files gpu_tests "$1" tests --ignore=tests/test_architecture.py
 }

@@ -20,7 +20,7 @@
 #   bash benchmarks/estimate/device_batch_k.sh psp_layouts   # layouts through UperNet's pooling branches on the GPU
 #   bash benchmarks/estimate/device_batch_k.sh tests   # the GPU tests (one GPU)
 set -u
-. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
 
 # calibrate_cudnn.py's family $1 into $OUT, its log $OUT/$2.log
 grid() {
@@ -58,13 +58,11 @@ PY
     grid conv_channels_last channels_last
     ;;
   holdout5)
-    ZOO_COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout5_h200_s32.json \
-      ZOO_KIND=zoo_holdout5_measurements ZOO_BUDGET_S=${ZOO_BUDGET_S:-520} bash benchmarks/estimate/device_zoo.sh "$2"
+    draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout5_h200_s32.json \
+      zoo_holdout5_measurements "$2"
     ;;
   emulation)
-    timeout 300 python3 -m pytest -q -m "gpu and not multigpu" tests/test_cuda_emulation.py -p no:cacheprovider \
-      > "$OUT/gpu_tests_emulation.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests_emulation.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_emulation.log"
+    gpu_test_files gpu_tests_emulation 300 tests/test_cuda_emulation.py
     ;;
   streams5)
     streams streams5 h5_torch_bilinear_unet_cl h5_hf_cvt

@@ -10,17 +10,15 @@
 #       # axis (calibrate_cudnn.py --only conv_channels_last_large), where the grid stopped at 384
 #   bash benchmarks/estimate/device_batch_l.sh tests   # the GPU tests (one GPU)
 set -u
-. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
 
 case "$1" in
   holdout6)
-    ZOO_COVERAGE=benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout6_h200_s33.json \
-      ZOO_KIND=zoo_holdout6_measurements ZOO_BUDGET_S=${ZOO_BUDGET_S:-520} bash benchmarks/estimate/device_zoo.sh "$2"
+    draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout6_h200_s33.json \
+      zoo_holdout6_measurements "$2"
     ;;
   layouts)
-    timeout 200 python3 -m pytest -q -m "gpu and not multigpu" tests/test_fake_mode.py -p no:cacheprovider \
-      > "$OUT/gpu_tests_layouts.log" 2>&1
-    tail -n 5 "$OUT/gpu_tests_layouts.log"; cat "$OUT/card.txt" >> "$OUT/gpu_tests_layouts.log"
+    gpu_test_files gpu_tests_layouts 200 tests/test_fake_mode.py
     ;;
   attention)
     for tests in "tests/test_trace.py" "tests/test_fake_mode.py tests/test_trace.py"; do
