@@ -1,0 +1,103 @@
+"""What cuDNN convolutions take once a tensor has more than 2^31 - 1 elements (beyond 32-bit indexing), forward and
+each backward call, against the same convolution just below that limit.
+
+Session 33's probe (conv_int32_probe.py) found an fp32 1x1 convolution over 8 x 256 x 1024² (2^31 input elements)
+taking input + output channels-last, and the input NCHW, in forward, where nothing was taken up to 7 images. This
+grid asks which tensor's size starts it (the input, the output or the gradient), whether backward takes it, what the
+precision and the kernel change, and what a single sample beyond the limit (which PyTorch cannot split by batch)
+does. Every call is alone on an empty allocator; a call that runs out of memory is recorded as such.
+
+    python benchmarks/estimate/conv_int32_grid.py --out $OUT   # on a GPU: $OUT/conv_int32_grid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+INT_MAX = 2**31 - 1
+MiB = 1 << 20
+
+# (name, dims, cin, cout, kernel, spatial side, batches): each batch list straddles 2^31 elements of the tensor the
+# name says (the input, or the output where cout > cin)
+CASES = [
+    ("1x1 input", 2, 256, 64, 1, 1024, (7, 8)),
+    ("1x1 output", 2, 64, 256, 1, 1024, (7, 8)),
+    ("3x3 both", 2, 64, 64, 3, 1024, (31, 32)),
+    ("3x3x3 both", 3, 32, 32, 3, 256, (3, 4)),
+    ("3x3x3 one sample", 3, 16, 16, 3, 512, (1,)),
+]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _took(run) -> tuple[float, int]:
+    """Bytes a call took above what it returns (MiB), and what it returns (bytes)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = run()
+    torch.cuda.synchronize()
+    outs = [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
+    returned = sum(t.untyped_storage().nbytes() for t in outs)
+    took = torch.cuda.max_memory_allocated() - before - returned
+    del out, outs
+    return round(took / MiB, 1), returned
+
+
+def _row(name: str, dims: int, cin: int, cout: int, k: int, side: int, n: int, dtype: str, layout: str) -> dict:
+    fmt = {(2, "channels_last"): torch.channels_last, (3, "channels_last"): torch.channels_last_3d}.get(
+        (dims, layout), torch.contiguous_format)
+    shape = (n, cin) + (side,) * dims
+    t = dict(x=torch.randn(shape, device="cuda", dtype=DTYPES[dtype]).contiguous(memory_format=fmt),
+             w=torch.randn((cout, cin) + (k,) * dims, device="cuda", dtype=DTYPES[dtype]).contiguous(memory_format=fmt))
+    geometry = ([1] * dims, [k // 2] * dims, [1] * dims, False, [0] * dims, 1)  # stride, padding, dilation, ...
+    row = dict(case=name, dims=dims, cin=cin, cout=cout, kernel=k, side=side, batch=n, dtype=dtype, layout=layout,
+               input_elements=t["x"].numel())
+    try:
+        row["forward_MiB"], _ = _took(partial(torch.ops.aten.convolution, t["x"], t["w"], None, *geometry))
+        t["g"] = torch.randn_like(torch.ops.aten.convolution(t["x"], t["w"], None, *geometry))
+        row["output_elements"] = t["g"].numel()
+        for call, mask in (("dgrad", [True, False, False]), ("wgrad", [False, True, False]),
+                           ("both", [True, True, False])):
+            row[f"{call}_MiB"], _ = _took(partial(torch.ops.aten.convolution_backward, t["g"], t["x"], t["w"], None,
+                                                  *geometry, mask))
+    except torch.OutOfMemoryError as error:
+        row["oom"] = str(error).splitlines()[0][:200]
+    t.clear()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=480)
+    args = parser.parse_args()
+    torch.backends.cudnn.benchmark = False
+    start = time.monotonic()
+    rows = []
+    meta = dict(card=torch.cuda.get_device_name(0), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                date=time.strftime("%Y-%m-%d"), benchmark=False, int_max=INT_MAX)
+    for name, dims, cin, cout, k, side, batches in CASES:
+        for dtype in ("fp32", "bf16", "fp16"):
+            if dtype == "fp16" and name not in ("1x1 input", "3x3 both"):
+                continue
+            for layout in ("channels_last", "nchw"):
+                for n in batches:
+                    if time.monotonic() - start > args.budget_s:
+                        break
+                    t0 = time.monotonic()
+                    row = _row(name, dims, cin, cout, k, side, n, dtype, layout)
+                    row["seconds"] = round(time.monotonic() - t0, 2)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    (args.out / "conv_int32_grid.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
