@@ -7,7 +7,7 @@ grid asks which tensor's size starts it (the input, the output or the gradient),
 precision and the kernel change, and what a single sample beyond the limit (which PyTorch cannot split by batch)
 does. Every call is alone on an empty allocator; a call that runs out of memory is recorded as such.
 
-    python benchmarks/estimate/conv_int32_grid.py --out $OUT   # on a GPU: $OUT/conv_int32_grid.json
+    python benchmarks/estimate/conv_int32_grid.py --cases first --out $OUT   # on a GPU: $OUT/conv_int32_grid_first.json
 """
 
 from __future__ import annotations
@@ -23,15 +23,26 @@ import torch
 INT_MAX = 2**31 - 1
 MiB = 1 << 20
 
-# (name, dims, cin, cout, kernel, spatial side, batches): each batch list straddles 2^31 elements of the tensor the
-# name says (the input, or the output where cout > cin)
-CASES = [
-    ("1x1 input", 2, 256, 64, 1, 1024, (7, 8)),
-    ("1x1 output", 2, 64, 256, 1, 1024, (7, 8)),
-    ("3x3 both", 2, 64, 64, 3, 1024, (31, 32)),
-    ("3x3x3 both", 3, 32, 32, 3, 256, (3, 4)),
-    ("3x3x3 one sample", 3, 16, 16, 3, 512, (1,)),
-]
+# (name, dims, cin, cout, kernel, spatial side, batches, stride): each batch list straddles 2^31 elements of the
+# tensor the name says (the input, or the output where cout > cin). "first": session 34's first call; "second": what
+# the first left open about 1x1 convolutions (strided, odd channel counts, one sample, 3-D, 1-D) and a 3x3 beside it
+CASES = {
+    "first": [
+        ("1x1 input", 2, 256, 64, 1, 1024, (7, 8), 1),
+        ("1x1 output", 2, 64, 256, 1, 1024, (7, 8), 1),
+        ("3x3 both", 2, 64, 64, 3, 1024, (31, 32), 1),
+        ("3x3x3 both", 3, 32, 32, 3, 256, (3, 4), 1),
+        ("3x3x3 one sample", 3, 16, 16, 3, 512, (1,), 1),
+    ],
+    "second": [
+        ("1x1 stride 2", 2, 256, 512, 1, 1024, (7, 8), 2),
+        ("1x1 odd channels", 2, 96, 40, 1, 1024, (21, 22), 1),
+        ("1x1 one sample", 2, 2048, 64, 1, 1024, (1,), 1),
+        ("1x1x1", 3, 256, 64, 1, 128, (3, 4), 1),
+        ("1-D 1x1", 1, 512, 256, 1, 2**20, (3, 4), 1),
+        ("3x3 input", 2, 256, 64, 3, 1024, (7, 8), 1),
+    ],
+}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -49,14 +60,16 @@ def _took(run) -> tuple[float, int]:
     return round(took / MiB, 1), returned
 
 
-def _row(name: str, dims: int, cin: int, cout: int, k: int, side: int, n: int, dtype: str, layout: str) -> dict:
+def _row(name: str, dims: int, cin: int, cout: int, k: int, side: int, n: int, stride: int, dtype: str,
+         layout: str) -> dict:
     fmt = {(2, "channels_last"): torch.channels_last, (3, "channels_last"): torch.channels_last_3d}.get(
         (dims, layout), torch.contiguous_format)
     shape = (n, cin) + (side,) * dims
     t = dict(x=torch.randn(shape, device="cuda", dtype=DTYPES[dtype]).contiguous(memory_format=fmt),
              w=torch.randn((cout, cin) + (k,) * dims, device="cuda", dtype=DTYPES[dtype]).contiguous(memory_format=fmt))
-    geometry = ([1] * dims, [k // 2] * dims, [1] * dims, False, [0] * dims, 1)  # stride, padding, dilation, ...
-    row = dict(case=name, dims=dims, cin=cin, cout=cout, kernel=k, side=side, batch=n, dtype=dtype, layout=layout,
+    geometry = ([stride] * dims, [k // 2] * dims, [1] * dims, False, [0] * dims, 1)  # stride, padding, dilation, ...
+    row = dict(case=name, dims=dims, cin=cin, cout=cout, kernel=k, stride=stride, side=side, batch=n, dtype=dtype,
+               layout=layout,
                input_elements=t["x"].numel())
     try:
         row["forward_MiB"], _ = _took(partial(torch.ops.aten.convolution, t["x"], t["w"], None, *geometry))
@@ -77,26 +90,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=480)
+    parser.add_argument("--cases", choices=sorted(CASES), default="first")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False
     start = time.monotonic()
     rows = []
     meta = dict(card=torch.cuda.get_device_name(0), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                date=time.strftime("%Y-%m-%d"), benchmark=False, int_max=INT_MAX)
-    for name, dims, cin, cout, k, side, batches in CASES:
+                date=time.strftime("%Y-%m-%d"), benchmark=False, int_max=INT_MAX, cases=args.cases)
+    for name, dims, cin, cout, k, side, batches, stride in CASES[args.cases]:
         for dtype in ("fp32", "bf16", "fp16"):
             if dtype == "fp16" and name not in ("1x1 input", "3x3 both"):
                 continue
-            for layout in ("channels_last", "nchw"):
+            for layout in ("channels_last", "nchw") if dims > 1 else ("nchw",):
                 for n in batches:
                     if time.monotonic() - start > args.budget_s:
                         break
                     t0 = time.monotonic()
-                    row = _row(name, dims, cin, cout, k, side, n, dtype, layout)
+                    row = _row(name, dims, cin, cout, k, side, n, stride, dtype, layout)
                     row["seconds"] = round(time.monotonic() - t0, 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-                    (args.out / "conv_int32_grid.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
+                    (args.out / f"conv_int32_grid_{args.cases}.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
 
 
 if __name__ == "__main__":
