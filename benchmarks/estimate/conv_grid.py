@@ -1,5 +1,7 @@
-"""What cuDNN convolutions take once a tensor has more than 2^31 - 1 elements (beyond 32-bit indexing), forward and
-each backward call, against the same convolution just below that limit.
+"""What cuDNN convolutions take, forward and each backward call, on grids the calibration had left out: beyond 2^31 - 1
+elements (32-bit indexing; sets "first" and "second"), against the same convolutions just below that limit, and
+strided 1x1 convolutions (a ResNet's downsampling shortcut; set "strided"), which the second set found taking the
+input in fp32 below the limit too.
 
 Session 33's probe (conv_int32_probe.py) found an fp32 1x1 convolution over 8 x 256 x 1024² (2^31 input elements)
 taking input + output channels-last, and the input NCHW, in forward, where nothing was taken up to 7 images. This
@@ -7,7 +9,7 @@ grid asks which tensor's size starts it (the input, the output or the gradient),
 precision and the kernel change, and what a single sample beyond the limit (which PyTorch cannot split by batch)
 does. Every call is alone on an empty allocator; a call that runs out of memory is recorded as such.
 
-    python benchmarks/estimate/conv_int32_grid.py --cases first --out $OUT   # on a GPU: $OUT/conv_int32_grid_first.json
+    python benchmarks/estimate/conv_grid.py --cases first --out $OUT   # on a GPU: $OUT/conv_grid_first.json
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ CASES = {
         ("1x1x1", 3, 256, 64, 1, 128, (3, 4), 1),
         ("1-D 1x1", 1, 512, 256, 1, 2**20, (3, 4), 1),
         ("3x3 input", 2, 256, 64, 3, 1024, (7, 8), 1),
+    ],
+    "strided": [  # ResNet shortcuts (stage 2-4 of ResNet-18/50 at 224², and at 512-1024² under a segmentation head)
+        ("1x1 s2 64-128", 2, 64, 128, 1, 56, (8, 32, 128), 2),
+        ("1x1 s2 256-512", 2, 256, 512, 1, 56, (8, 32, 64), 2),
+        ("1x1 s2 512-1024", 2, 512, 1024, 1, 28, (8, 32, 64), 2),
+        ("1x1 s2 1024-2048", 2, 1024, 2048, 1, 14, (8, 64), 2),
+        ("1x1 s2 256-512 128", 2, 256, 512, 1, 128, (2, 8), 2),
+        ("1x1 s2 256-512 256", 2, 256, 512, 1, 256, (2, 8), 2),
+        ("1x1 s2 64-256 512", 2, 64, 256, 1, 512, (1, 4), 2),
+        ("1x1 s2 256-512 1024", 2, 256, 512, 1, 1024, (1, 4), 2),
+        ("1x1x1 s2 64-128", 3, 64, 128, 1, 32, (2, 8), 2),
+        ("1x1x1 s2 128-256", 3, 128, 256, 1, 16, (2, 8), 2),
     ],
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -101,7 +115,11 @@ def main() -> None:
         for dtype in ("fp32", "bf16", "fp16"):
             if dtype == "fp16" and name not in ("1x1 input", "3x3 both"):
                 continue
+            if dtype == "bf16" and args.cases == "strided" and dims == 3:
+                continue
             for layout in ("channels_last", "nchw") if dims > 1 else ("nchw",):
+                if args.cases == "strided" and dtype != "fp32" and layout == "channels_last":
+                    continue
                 for n in batches:
                     if time.monotonic() - start > args.budget_s:
                         break
@@ -110,7 +128,7 @@ def main() -> None:
                     row["seconds"] = round(time.monotonic() - t0, 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-                    (args.out / f"conv_int32_grid_{args.cases}.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
+                    (args.out / f"conv_grid_{args.cases}.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
 
 
 if __name__ == "__main__":
