@@ -343,6 +343,14 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
     fmt = _cudnn_format(_Layout.of(x), _Layout.of(w))
     channels_last = fmt != torch.contiguous_format and x.dim() == 4 and not transposed and groups == 1
     spatial = max(x.shape[2:], default=0)
+    if max(math.prod(x.shape[1:]), math.prod(y.shape[1:])) > ws.INT32_LIMIT and (
+            "conv_workspace_extrapolated" not in trace.uncertain):
+        # PyTorch cannot split such a call by the batch (needs_64bit_indexing_no_split): cuDNN's 64-bit kernels run
+        # it. The one 3x3x3 shape measured took 54 MiB more than the rule in its filter gradient
+        # (conv_grid_first_h200_torch2.11_20261129_s34.json)
+        trace.uncertain["conv_workspace_extrapolated"] = (
+            f"{where}: a convolution whose one sample has more than 2^31 - 1 elements ({tuple(x.shape[1:])} -> "
+            f"{tuple(y.shape[1:])}), which cuDNN runs with 64-bit indexing, measured on two shapes")
     calibrated = ws.CHANNELS_LAST_CALIBRATED_SIZE if channels_last else ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)
     if spatial > calibrated and "conv_workspace_extrapolated" not in trace.uncertain:
         layout = " channels-last" if channels_last else ""
@@ -356,7 +364,10 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
     if channels_last:
         unsure = ws.channels_last_unsure_bytes(x.shape, y.shape, w.shape[2:], itemsize=x.element_size(),
                                                half=half, backward=backward)
-        if ws.channels_last_fp32_odd(x.shape, y.shape, w.shape[2:], half=half):
+        if ws.channels_last_strided_pointwise_fp32(x.shape, y.shape, w.shape[2:], half=half, backward=backward):
+            what = (f"a strided fp32 channels-last 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
+                    f"{tuple(x.shape[2:])}, whose cuDNN workspace was none or input + output by shape on the grid")
+        elif ws.channels_last_fp32_odd(x.shape, y.shape, w.shape[2:], half=half):
             what = (f"an fp32 channels-last convolution {w.shape[1]} -> {w.shape[0]} channels over "
                     f"{tuple(x.shape[2:])}, whose cuDNN workspace ranged from none to "
                     f"{ws.CHANNELS_LAST_FP32_ODD_RATIO} x input + output by channel count on the grid")

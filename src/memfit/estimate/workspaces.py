@@ -53,6 +53,61 @@ the other 4 (64 -> 2-8 at 2 x 128², 8 MiB of input), nor from 64 channels to on
 channels it was erratic (none at batch 6, up to 18 MiB at batch 2): left out. cuDNN can do without it under a cap."""
 
 
+INT32_LIMIT = 2**31 - 1
+"""The most elements a tensor can have for cuDNN's 32-bit-indexed kernels (``split_batch_dim_to_32bit_out`` in
+PyTorch's cuDNN convolutions compares each tensor's ``numel()`` with ``std::numeric_limits<int>::max()``)."""
+POINTWISE_WGRAD_EXTRA_BYTES = 16 << 20
+"""What the filter gradient of a strided fp32 1x1 convolution, or of a 1x1 one beyond INT32_LIMIT, took beyond the
+input + output that its data gradient took: up to an eighth of input + output, and at most 16 MiB (79 calls
+of conv_grid_{second,strided}_h200_torch2.11_20261129_s34.json; 16 MiB for the one sample of 2^31 elements)."""
+
+
+def _pointwise_block(input_shape: Sequence[int], output_shape: Sequence[int], itemsize: int, *,
+                     backward: bool) -> int:
+    """input + output (not the weight: 8 MiB of it at 1024 -> 2048 channels were not taken), and in backward the
+    filter gradient's few MiB more (POINTWISE_WGRAD_EXTRA_BYTES)."""
+    io = _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize)
+    return io + (min(POINTWISE_WGRAD_EXTRA_BYTES, io // 8) if backward else 0)
+
+
+def _beyond_int32_pointwise_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
+                                  output_shape: Sequence[int], *, itemsize: int, half: bool, backward: bool,
+                                  channels_last: bool) -> int | None:
+    """A 1x1 convolution whose input has more than INT32_LIMIT elements: the layout-conversion block cuDNN takes for
+    the images it runs at once, or None where the call took what it takes below the limit.
+
+    Measured on an H200 (conv_grid_{first,second}_h200_torch2.11_20261129_s34.json: 1x1 from 256, 96 and 2048
+    channels, strided and not, 1-D, 2-D and 3-D, fp32/bf16/fp16, NCHW and channels-last, just below and just beyond
+    the limit): nothing below it; beyond it the block is sized for as many images as hold 2^31 input elements (21 of
+    22 images of 96 x 1024², all 8 of 256 x 1024²), all of them for a single image beyond it. NCHW took input +
+    output in each backward call, and in forward the input or input + output in fp32 (charged input + output), in
+    half precision nothing but for a single image (input + output); channels-last took nothing in backward and in
+    half precision, and input + output in fp32 forward on two of four shapes (charged on all). A tensor whose output
+    alone is beyond the limit (64 -> 256 channels) took nothing."""
+    n, per_image = input_shape[0], math.prod(input_shape[1:])
+    if n * per_image <= INT32_LIMIT:
+        return None
+    images = min(n, max(1, (INT32_LIMIT + 1) // per_image))
+    one_image = per_image > INT32_LIMIT
+    chunk_in, chunk_out = (images, *input_shape[1:]), (images, *output_shape[1:])
+    if channels_last:
+        takes = not backward and not half
+    else:
+        takes = backward or not half or one_image
+    return _pointwise_block(chunk_in, chunk_out, itemsize, backward=backward) if takes else None
+
+
+def _strided_pointwise_fp32(weight_shape: Sequence[int], stride: Sequence[int], *, groups: int, transposed: bool,
+                            half: bool) -> bool:
+    """A strided fp32 1x1 convolution (a ResNet's downsampling shortcut) in NCHW: cuDNN took the input, or input +
+    output, in forward (charged input + output) and input + output in backward, 2-D and 3-D, at every shape but one
+    (64 -> 256 at 4 x 512², none) of 10 ResNet-shortcut shapes from 14² to 1024² and two 3-D ones, batch 1-128
+    (conv_grid_strided_h200_torch2.11_20261129_s34.json; 64 -> 128 at 56² took it in the filter gradient alone).
+    Before that grid no strided fp32 1x1 convolution had been measured, and the rule charged them nothing."""
+    return (not half and not transposed and groups == 1 and all(k == 1 for k in weight_shape[2:])
+            and any(x > 1 for x in stride))
+
+
 # Channels-last 2-D convolutions (the input, or the input and the weight, in NHWC: ``model.to(memory_format=
 # torch.channels_last)``, or a permuted view reaching a plain model, as DPT's reassembled ViT tokens reach its
 # neck and head) run cuDNN's NHWC kernels on the data as it is: no layout conversion. Measured on 360 calls (3x3
@@ -122,6 +177,15 @@ def channels_last_fp32_odd(input_shape: Sequence[int], output_shape: Sequence[in
             and not (_is_power_of_two(input_shape[1]) and _is_power_of_two(output_shape[1])))
 
 
+def channels_last_strided_pointwise_fp32(input_shape: Sequence[int], output_shape: Sequence[int],
+                                         kernel: Sequence[int], *, half: bool, backward: bool) -> bool:
+    """The forward of a strided fp32 1x1 channels-last convolution: none on 12 of 14 calls, and input + output at
+    64 -> 256 over 512² (1 and 4 images; conv_grid_strided_h200_torch2.11_20261129_s34.json): charged none, the
+    bound input + output."""
+    return (not half and not backward and all(k == 1 for k in kernel)
+            and tuple(output_shape[2:]) != tuple(input_shape[2:]))
+
+
 def _channels_last_bytes(input_shape: Sequence[int], output_shape: Sequence[int], kernel: Sequence[int], *,
                          itemsize: int, half: bool, backward: bool, largest: bool = False) -> int:
     """A 2-D channels-last convolution's call (``CHANNELS_LAST_*``), a backward's two calls charged alike (the
@@ -135,6 +199,8 @@ def _channels_last_bytes(input_shape: Sequence[int], output_shape: Sequence[int]
         return max(converted, math.ceil(CHANNELS_LAST_FP32_ODD_RATIO * io) + CHANNELS_LAST_BACKWARD_MAX_BYTES)
     if largest:
         constant = CHANNELS_LAST_BACKWARD_MAX_BYTES if backward else CHANNELS_LAST_FORWARD_MAX_BYTES
+        if channels_last_strided_pointwise_fp32(input_shape, output_shape, kernel, half=half, backward=backward):
+            constant = max(constant, io)
     else:
         constant = CHANNELS_LAST_BACKWARD_BYTES if backward else 0
     return max(constant, math.ceil(_channels_last_ratio(input_shape, kernel, half=half, backward=backward) * io))
@@ -169,6 +235,11 @@ def conv_workspace_bytes(
     dims = len(kernel)
     if groups > 1:
         return 0  # depthwise/grouped kernels: no layout conversion measured
+    if all(k == 1 for k in kernel) and not transposed:
+        beyond = _beyond_int32_pointwise_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, half=half,
+                                               backward=backward, channels_last=channels_last)
+        if beyond is not None:
+            return beyond
     if channels_last and dims == 2 and not transposed:
         return _channels_last_bytes(input_shape, output_shape, kernel, itemsize=itemsize, half=half,
                                     backward=backward)
@@ -198,6 +269,8 @@ def conv_workspace_bytes(
             and not (output_shape[1] == 1 and input_shape[1] >= 64)):
         # a head's filter/data gradient in fp32 (HEAD_FP32_*): a conversion block of input + output
         return _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize) + _nbytes(weight_shape, itemsize)
+    if _strided_pointwise_fp32(weight_shape, stride, groups=groups, transposed=transposed, half=half):
+        return _pointwise_block(input_shape, output_shape, itemsize, backward=backward)
     if all(k == 1 for k in kernel) and (dims == 2 or not half):
         if backward and dims == 3 and not half and max(input_shape[2:]) > LARGE_3D_POINTWISE_FP32:
             # ... but not the backward of a large 3-D one in fp32: 1.03 x input + output at 160-224 per axis
