@@ -156,6 +156,38 @@ def test_channels_last_convolutions_take_what_the_grid_took():
     assert 200 <= above_typical <= 450
 
 
+def test_channels_last_convolutions_up_to_1024_per_axis_stay_within_the_bound():
+    # the 72-call grid at 512 and 1024 per axis (RGB stems, 7x7 and 3x3 at stride 2; a ResNet block's 64 -> 64 3x3
+    # and 1x1 64 <-> 256): no call took more than the trace's charge and the bound's bytes for it, the stems
+    # included, whose size the trace takes as calibrated up to 1024 (the 256 -> 64 1x1 over 8 x 1024², 2^31 input
+    # elements, is charged its 10 GiB forward block, beyond 32-bit indexing); a stem beyond it is still extrapolated
+    from memfit.estimate.workspaces import (
+        channels_last_calibrated_size,
+        channels_last_unsure_bytes,
+        conv_workspace_bytes,
+    )
+
+    rows = _grid("cudnn_calibration_conv_channels_last_large_h200_torch2.11_20261129")
+    assert len(rows) == 72
+    stems = 0
+    for r in rows:
+        n, item = r["n"], 4 if r["dtype"] == "fp32" else 2
+        side = round((r["out_bytes"] // item / (n * r["cout"])) ** 0.5)
+        shapes = ((n, r["cin"], r["size"], r["size"]), (r["cout"], r["cin"], r["k"], r["k"]), (n, r["cout"], side, side))
+        for took, backward in ((r["fwd_ws"], False), (max(r["dgrad_ws"], r["wgrad_ws"], r["bwd_ws"]), True)):
+            rule = conv_workspace_bytes(*shapes, itemsize=item, stride=(r["stride"],) * 2, groups=1, transposed=False,
+                                        half=item == 2, backward=backward, channels_last=True)
+            largest = rule + channels_last_unsure_bytes(shapes[0], shapes[2], shapes[1][2:], itemsize=item,
+                                                        half=item == 2, backward=backward)
+            assert took <= largest, (r, backward, took, largest)
+        if r["cin"] == 3:
+            stems += 1
+            assert channels_last_calibrated_size(shapes[0], shapes[1][2:], (2, 2)) >= r["size"]
+    assert stems == 36
+    assert channels_last_calibrated_size((2, 3, 2048, 2048), (7, 7), (2, 2)) < 2048
+    assert channels_last_calibrated_size((2, 64, 512, 512), (3, 3), (1, 1)) < 512
+
+
 def test_a_channels_last_input_is_charged_no_layout_conversion():
     # HF DPT's depth head runs on a permuted view of its ViT tokens (channels-last): its fp32 128 -> 32 3x3
     # convolution at 8 x 384² took 12 MB in backward on an H200 where memfit charged 720 MiB of conversion; the

@@ -351,7 +351,8 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
         trace.uncertain["conv_workspace_extrapolated"] = (
             f"{where}: a convolution whose one sample has more than 2^31 - 1 elements ({tuple(x.shape[1:])} -> "
             f"{tuple(y.shape[1:])}), which cuDNN runs with 64-bit indexing, measured on two shapes")
-    calibrated = ws.CHANNELS_LAST_CALIBRATED_SIZE if channels_last else ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0)
+    calibrated = ws.channels_last_calibrated_size(x.shape, w.shape[2:], tuple(stride)) if channels_last else (
+        ws.CALIBRATED_CONV_SIZE.get(x.dim() - 2, 0))
     if spatial > calibrated and "conv_workspace_extrapolated" not in trace.uncertain:
         layout = " channels-last" if channels_last else ""
         trace.uncertain["conv_workspace_extrapolated"] = (

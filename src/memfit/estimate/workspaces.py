@@ -144,11 +144,24 @@ its cap 3.2 % under. No rule over the widths was found: they are charged the NCH
 the bound allows this part of input + output, plus the backward's largest constant."""
 CHANNELS_LAST_STEM_MAX_CIN = 4
 """A stem: from at most this many channels. Its calls grew with the activations: at most 0.17 (fp32) and 0.43 (half)
-of input + output in forward, 1.18 (fp32) and 0.64 (half) in backward, beyond the constants above."""
-CHANNELS_LAST_STEM_RATIOS = {(False, False): 0.17, (False, True): 1.2, (True, False): 0.45, (True, True): 0.65}
+of input + output in forward, 1.18 (fp32) and 0.64 (half) in backward, beyond the constants above; at 512 and 1024
+per axis (cudnn_calibration_conv_channels_last_large_h200_torch2.11_20261129.json, 36 stem calls: 7x7 and 3x3 at
+stride 2 from 3 channels to 32-64) at most 0.16, 0.42, 1.11 and 0.75 (a half-precision 3 -> 32 3x3 at 8 x 512²)."""
+CHANNELS_LAST_STEM_RATIOS = {(False, False): 0.17, (False, True): 1.2, (True, False): 0.45, (True, True): 0.76}
 """(half, backward) -> the part of input + output a stem is charged (each measured ratio rounded up)."""
 CHANNELS_LAST_CALIBRATED_SIZE = 384
 """The largest size per axis of the channels-last grid: beyond it the trace says the workspace is extrapolated."""
+CHANNELS_LAST_STEM_CALIBRATED_SIZE, CHANNELS_LAST_STEM_KERNELS = 1024, ((3, 3), (7, 7))
+"""... but for stems of these kernels at stride 2, which the grid at 512 and 1024 per axis measured (above): the
+sixth draw's channels-last segmentation steps run theirs over 473-513² (smp, torchvision's DeepLabV3, a PSP head)."""
+
+
+def channels_last_calibrated_size(input_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int]) -> int:
+    """The largest size per axis the channels-last grids measured a 2-D convolution of this kind at."""
+    if (input_shape[1] <= CHANNELS_LAST_STEM_MAX_CIN and tuple(kernel) in CHANNELS_LAST_STEM_KERNELS
+            and tuple(stride) == (2, 2)):
+        return CHANNELS_LAST_STEM_CALIBRATED_SIZE
+    return CHANNELS_LAST_CALIBRATED_SIZE
 CHANNELS_LAST_FP32_NARROW_MAX_CIN, CHANNELS_LAST_FP32_NARROW_RATIO = 16, 1.1
 """fp32 from at most this many channels (k > 1): the filter gradient took 1.01-1.06 x input + output at 192-384² (up
 to 1.37 x on smaller ones, within the constant); charged this part of it."""
