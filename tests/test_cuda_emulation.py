@@ -344,12 +344,13 @@ def test_convolutions_beyond_32_bit_indexing_and_strided_pointwise_ones_take_wha
                 close += abs(charged - took) <= 0.13 * io
     assert strided == 25 and close >= 24  # the one not: 64 -> 256 at 4 x 512², which took none
     # the limit itself: an fp32 256 -> 64 1x1 over 7 x 1024² (1.9e9 input elements) is charged nothing, over 8
-    # (2^31) the conversion of all 8 images' input + output; the output alone beyond it (64 -> 256) nothing
+    # (2^31) all 8 images' input in forward and input + output in backward; the output alone beyond it (64 -> 256)
+    # nothing
     below, beyond, output = ({b: c[0] for b, c in _conv_grid_charges(
         dict(dims=2, cin=cin, cout=cout, kernel=1, side=1024, batch=n, dtype="fp32", layout="nchw")).items()}
         for cin, cout, n in ((256, 64, 7), (256, 64, 8), (64, 256, 8)))
     assert below == output == {False: 0, True: 0}
-    assert beyond[False] >= (8 * 256 + 8 * 64) << 22 and beyond[True] >= beyond[False]
+    assert beyond[False] >= (8 * 256) << 22 and beyond[True] >= (8 * 256 + 8 * 64) << 22
 
 
 def test_two_d_convolutions_up_to_1024_per_axis_take_what_the_rule_says():
@@ -925,7 +926,7 @@ def test_channels_last_convolutions_on_cuda_stay_within_the_rule(dtype: torch.dt
 ])
 def test_strided_and_beyond_32_bit_pointwise_convolutions_on_cuda_stay_within_the_rule(n, cin, cout, size, stride,
                                                                                        dtype) -> None:
-    from memfit.estimate.workspaces import conv_workspace_bytes
+    from memfit.estimate.workspaces import conv_workspace_bytes, conv_workspace_unsure_bytes
 
     torch.backends.cudnn.benchmark = False
     dims = len(size)
@@ -938,10 +939,11 @@ def test_strided_and_beyond_32_bit_pointwise_convolutions_on_cuda_stay_within_th
     for backward in (False, True):
         took = _cuda_transient((lambda: torch.autograd.grad(y, (x, w), gy, retain_graph=True)) if backward else (
             lambda: conv(x, w, stride=stride)))
-        rule = conv_workspace_bytes(x.shape, w.shape, y.shape, itemsize=x.element_size(), stride=(stride,) * dims,
-                                    groups=1, transposed=False, half=dtype != torch.float32, backward=backward,
-                                    fp16=dtype == torch.float16)
-        assert took <= rule + (8 << 20), (backward, took, rule)
+        call = dict(itemsize=x.element_size(), stride=(stride,) * dims, groups=1, transposed=False,
+                    half=dtype != torch.float32, backward=backward, fp16=dtype == torch.float16)
+        rule = conv_workspace_bytes(x.shape, w.shape, y.shape, **call)
+        assert took <= rule + conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call) + (8 << 20), (
+            backward, took, rule)
         assert rule <= took + io + (16 << 20), (backward, took, rule)
 
 

@@ -378,9 +378,15 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
                     "on the grid")
     else:
         unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
-        what = (f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
-                if groups > 1 else f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} "
-                f"channels over {tuple(x.shape[2:])} in half precision")
+        if groups > 1:
+            what = f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
+        elif half:
+            what = (f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
+                    f"{tuple(x.shape[2:])} in half precision")
+        else:
+            what = (f"the forward of an fp32 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
+                    f"{tuple(x.shape[2:])} (strided, or beyond 2^31 - 1 elements), which took the input or input + "
+                    "output by shape")
     if unsure > trace.uncertain_bytes.get("conv_workspace_erratic", 0):
         trace.uncertain["conv_workspace_erratic"] = (
             f"{where}: {what}, where cuDNN's workspace was erratic: the bound adds {unsure / 2**20:.0f} MiB")

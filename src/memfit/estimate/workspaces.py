@@ -62,17 +62,28 @@ input + output that its data gradient took: up to an eighth of input + output, a
 of conv_grid_{second,strided}_h200_torch2.11_20261129_s34.json; 16 MiB for the one sample of 2^31 elements)."""
 
 
-def _pointwise_block(input_shape: Sequence[int], output_shape: Sequence[int], itemsize: int, *,
-                     backward: bool) -> int:
-    """input + output (not the weight: 8 MiB of it at 1024 -> 2048 channels were not taken), and in backward the
-    filter gradient's few MiB more (POINTWISE_WGRAD_EXTRA_BYTES)."""
+def _pointwise_block(input_shape: Sequence[int], output_shape: Sequence[int], itemsize: int, *, backward: bool,
+                     with_output: bool = False) -> int:
+    """In backward input + output (not the weight: 8 MiB of it at 1024 -> 2048 channels were not taken) and the
+    filter gradient's few MiB more (POINTWISE_WGRAD_EXTRA_BYTES); in forward the input, or input + output where
+    ``with_output``."""
     io = _nbytes(input_shape, itemsize) + _nbytes(output_shape, itemsize)
-    return io + (min(POINTWISE_WGRAD_EXTRA_BYTES, io // 8) if backward else 0)
+    if backward:
+        return io + min(POINTWISE_WGRAD_EXTRA_BYTES, io // 8)
+    return io if with_output else _nbytes(input_shape, itemsize)
 
 
-def _beyond_int32_pointwise_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
-                                  output_shape: Sequence[int], *, itemsize: int, half: bool, backward: bool,
-                                  channels_last: bool) -> int | None:
+def _beyond_int32_images(input_shape: Sequence[int]) -> int:
+    """How many images of a batch cuDNN runs at once beyond INT32_LIMIT: as many as hold 2^31 input elements."""
+    return min(input_shape[0], max(1, (INT32_LIMIT + 1) // math.prod(input_shape[1:])))
+
+
+def _beyond_int32(input_shape: Sequence[int]) -> bool:
+    return math.prod(input_shape) > INT32_LIMIT
+
+
+def _beyond_int32_pointwise_bytes(input_shape: Sequence[int], output_shape: Sequence[int], *, itemsize: int,
+                                  half: bool, backward: bool, channels_last: bool) -> int | None:
     """A 1x1 convolution whose input has more than INT32_LIMIT elements: the layout-conversion block cuDNN takes for
     the images it runs at once, or None where the call took what it takes below the limit.
 
@@ -80,32 +91,49 @@ def _beyond_int32_pointwise_bytes(input_shape: Sequence[int], weight_shape: Sequ
     channels, strided and not, 1-D, 2-D and 3-D, fp32/bf16/fp16, NCHW and channels-last, just below and just beyond
     the limit): nothing below it; beyond it the block is sized for as many images as hold 2^31 input elements (21 of
     22 images of 96 x 1024², all 8 of 256 x 1024²), all of them for a single image beyond it. NCHW took input +
-    output in each backward call, and in forward the input or input + output in fp32 (charged input + output), in
-    half precision nothing but for a single image (input + output); channels-last took nothing in backward and in
-    half precision, and input + output in fp32 forward on two of four shapes (charged on all). A tensor whose output
+    output in each backward call; in forward, fp32 took the input on four shapes and input + output on two
+    (charged the input, the bound the output: ``pointwise_fp32_forward_unsure_bytes``), half precision nothing but
+    for a single image (input + output). Channels-last took nothing in backward and in half precision, and input +
+    output in fp32 forward on the two unstrided shapes of several images (charged on all). A tensor whose output
     alone is beyond the limit (64 -> 256 channels) took nothing."""
-    n, per_image = input_shape[0], math.prod(input_shape[1:])
-    if n * per_image <= INT32_LIMIT:
+    if not _beyond_int32(input_shape):
         return None
-    images = min(n, max(1, (INT32_LIMIT + 1) // per_image))
-    one_image = per_image > INT32_LIMIT
+    images = _beyond_int32_images(input_shape)
+    one_image = math.prod(input_shape[1:]) > INT32_LIMIT
     chunk_in, chunk_out = (images, *input_shape[1:]), (images, *output_shape[1:])
     if channels_last:
-        takes = not backward and not half
-    else:
-        takes = backward or not half or one_image
-    return _pointwise_block(chunk_in, chunk_out, itemsize, backward=backward) if takes else None
+        return _pointwise_block(chunk_in, chunk_out, itemsize, backward=False, with_output=True) if (
+            not backward and not half) else None
+    if backward or not half or one_image:
+        return _pointwise_block(chunk_in, chunk_out, itemsize, backward=backward, with_output=half)
+    return None
 
 
 def _strided_pointwise_fp32(weight_shape: Sequence[int], stride: Sequence[int], *, groups: int, transposed: bool,
                             half: bool) -> bool:
-    """A strided fp32 1x1 convolution (a ResNet's downsampling shortcut) in NCHW: cuDNN took the input, or input +
-    output, in forward (charged input + output) and input + output in backward, 2-D and 3-D, at every shape but one
-    (64 -> 256 at 4 x 512², none) of 10 ResNet-shortcut shapes from 14² to 1024² and two 3-D ones, batch 1-128
-    (conv_grid_strided_h200_torch2.11_20261129_s34.json; 64 -> 128 at 56² took it in the filter gradient alone).
-    Before that grid no strided fp32 1x1 convolution had been measured, and the rule charged them nothing."""
+    """A strided fp32 1x1 convolution (a ResNet's downsampling shortcut) in NCHW: cuDNN took input + output in
+    backward, and in forward the input or input + output by shape (by no rule found: 256 -> 512 at 56² took input +
+    output at batch 8 and the input at 32 and 64; charged the input, the bound the output), 2-D and 3-D, on every
+    shape but one (64 -> 256 at 4 x 512², none) of 10 ResNet-shortcut shapes from 14² to 1024² and two 3-D ones,
+    batch 1-128 (conv_grid_strided_h200_torch2.11_20261129_s34.json; 64 -> 128 at 56² took it in the filter gradient
+    alone). Before that grid no strided fp32 1x1 convolution had been measured, and the rule charged them nothing.
+    A frozen fp32 ResNet-50 at batch 64 (the zoo's frozen_tv_resnet50_head, whose peak is in forward) measured on an
+    H100 what the trace gives with its shortcuts' forward charged the input, not input + output (fit data)."""
     return (not half and not transposed and groups == 1 and all(k == 1 for k in weight_shape[2:])
             and any(x > 1 for x in stride))
+
+
+def pointwise_fp32_forward_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
+                                        output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int],
+                                        groups: int, transposed: bool, half: bool) -> int:
+    """The output an NCHW fp32 1x1 convolution's forward may take beside the input charged for it, where it is
+    strided or beyond INT32_LIMIT (input + output on some shapes, the input on others); 0 elsewhere."""
+    pointwise = not half and not transposed and groups == 1 and all(k == 1 for k in weight_shape[2:])
+    if pointwise and _beyond_int32(input_shape):
+        return _nbytes((_beyond_int32_images(input_shape), *output_shape[1:]), itemsize)
+    if _strided_pointwise_fp32(weight_shape, stride, groups=groups, transposed=transposed, half=half):
+        return _nbytes(output_shape, itemsize)
+    return 0
 
 
 # Channels-last 2-D convolutions (the input, or the input and the weight, in NHWC: ``model.to(memory_format=
@@ -249,7 +277,7 @@ def conv_workspace_bytes(
     if groups > 1:
         return 0  # depthwise/grouped kernels: no layout conversion measured
     if all(k == 1 for k in kernel) and not transposed:
-        beyond = _beyond_int32_pointwise_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize, half=half,
+        beyond = _beyond_int32_pointwise_bytes(input_shape, output_shape, itemsize=itemsize, half=half,
                                                backward=backward, channels_last=channels_last)
         if beyond is not None:
             return beyond
@@ -416,9 +444,11 @@ def conv_workspace_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
                                 output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int], groups: int,
                                 transposed: bool, half: bool, backward: bool = False, fp16: bool = False) -> int:
     """Bytes one cuDNN convolution call may take beyond ``conv_workspace_bytes``, where cuDNN's choice was
-    erratic on a calibration grid (``pointwise_half_unsure_bytes``); 0 elsewhere. Same arguments."""
+    erratic on a calibration grid (``pointwise_half_unsure_bytes``, ``pointwise_fp32_forward_unsure_bytes``); 0
+    elsewhere. Same arguments."""
     if not backward:
-        return 0
+        return pointwise_fp32_forward_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize,
+                                                   stride=stride, groups=groups, transposed=transposed, half=half)
     if groups > 1 and fp16 and not transposed:
         return GROUPED_FP16_UNSURE_FACTOR * math.prod(input_shape) * itemsize
     if _is_volume_head_half(weight_shape, groups=groups, transposed=transposed, half=half, stride=stride):
