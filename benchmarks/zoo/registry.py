@@ -20,6 +20,7 @@ MODULES = (
     "holdout4.py",
     "holdout5.py",
     "holdout6.py",
+    "holdout7.py",
 )
 """The family modules, in report order."""
 
