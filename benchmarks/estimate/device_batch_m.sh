@@ -4,6 +4,7 @@
 #       # beyond 2^31 - 1 elements against the same just below (first, second), strided 1x1 ones (strided)
 #   bash benchmarks/estimate/device_batch_m.sh holdout7 NAMES   # the seventh draw measured (peaks and the smallest
 #       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
+#   bash benchmarks/estimate/device_batch_m.sh streams NAMES   # zoo entries' allocator streams (trace_entries.py)
 #   bash benchmarks/estimate/device_batch_m.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
@@ -17,6 +18,10 @@ case "$1" in
   holdout7)
     draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout7_h200_s34.json \
       zoo_holdout7_measurements "$2"
+    ;;
+  streams)
+    timeout 300 python3 benchmarks/estimate/trace_entries.py --zoo ${2//,/ } --out "$OUT" > "$OUT/streams.log" 2>&1
+    tail -n 4 "$OUT/streams.log"
     ;;
   tests)
     gpu_tests 570
