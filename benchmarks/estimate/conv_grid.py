@@ -1,7 +1,7 @@
 """What cuDNN convolutions take, forward and each backward call, on grids the calibration had left out: beyond 2^31 - 1
-elements (32-bit indexing; sets "first" and "second"), against the same convolutions just below that limit, and
-strided 1x1 convolutions (a ResNet's downsampling shortcut; set "strided"), which the second set found taking the
-input in fp32 below the limit too.
+elements (32-bit indexing; sets "first" and "second"), against the same convolutions just below that limit, strided
+1x1 convolutions (a ResNet's downsampling shortcut; set "strided"), which the second set found taking the input in
+fp32 below the limit too, and 3x3 convolutions over 8-32² images at batch 64-1024 (set "small_wgrad").
 
 Session 33's probe (conv_int32_probe.py) found an fp32 1x1 convolution over 8 x 256 x 1024² (2^31 input elements)
 taking input + output channels-last, and the input NCHW, in forward, where nothing was taken up to 7 images. This
@@ -55,6 +55,11 @@ CASES = {
         ("1x1 s2 256-512 1024", 2, 256, 512, 1, 1024, (1, 4), 2),
         ("1x1x1 s2 64-128", 3, 64, 128, 1, 32, (2, 8), 2),
         ("1x1x1 s2 128-256", 3, 128, 256, 1, 16, (2, 8), 2),
+    ],
+    "small_wgrad": [  # 3x3 convolutions over small images at large batches (a CIFAR ResNet at batch 512: the
+        # seventh draw's ResNet-56 took 152-560 MiB filter-gradient workspaces on an H200 where 2 x input was charged)
+        (f"3x3 {c} at {side}", 2, c, c, 3, side, (64, 128, 256, 512, 1024), 1)
+        for side in (8, 16, 32) for c in (16, 32, 64, 128)
     ],
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -117,8 +122,12 @@ def main() -> None:
                 continue
             if dtype == "bf16" and args.cases == "strided" and dims == 3:
                 continue
+            if args.cases == "small_wgrad" and dtype == "fp16":
+                continue
             for layout in ("channels_last", "nchw") if dims > 1 else ("nchw",):
-                if args.cases == "strided" and dtype != "fp32" and layout == "channels_last":
+                if args.cases in ("strided", "small_wgrad") and dtype != "fp32" and layout == "channels_last":
+                    continue
+                if args.cases == "small_wgrad" and layout == "channels_last" and side != 16:
                     continue
                 for n in batches:
                     if time.monotonic() - start > args.budget_s:
