@@ -383,6 +383,10 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
         elif half:
             what = (f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
                     f"{tuple(x.shape[2:])} in half precision")
+        elif backward:
+            what = (f"the filter gradient of an fp32 3x3 convolution {w.shape[1]} -> {w.shape[0]} channels over "
+                    f"{tuple(x.shape[2:])}, which took up to {17 + 16 / min(x.shape[2:]):.1f} x its input at some "
+                    "channel counts on the grid")
         else:
             what = (f"the forward of an fp32 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
                     f"{tuple(x.shape[2:])} (strided, or beyond 2^31 - 1 elements), which took the input or input + "

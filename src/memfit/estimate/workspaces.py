@@ -325,7 +325,64 @@ def conv_workspace_bytes(
     if (not backward and half and dims == 2 and kernel == (3, 3) and tuple(stride) == (2, 2)
             and input_shape[1] <= STEM_MAX_CHANNELS and input_shape[0] <= STEM_MAX_BATCH):
         return 0  # a 3x3 stride-2 stem from RGB (EfficientNet, MobileNet, RegNet): no conversion in forward
-    return _padded_conversion(input_shape, weight_shape, output_shape, itemsize)
+    conversion = _padded_conversion(input_shape, weight_shape, output_shape, itemsize)
+    if backward and _small_image_wgrad(input_shape, weight_shape, stride, half=half, channels_last=channels_last):
+        return max(conversion, small_image_wgrad_bytes(input_shape, itemsize))
+    return conversion
+
+
+# fp32 3x3 stride-1 convolutions over small images at large batches (a CIFAR ResNet), NCHW: the filter gradient
+# took either the conversion block (2 x input) or (17 + 16 / side) x input (17.5 x at 32², 18 x at 16², 19 x at 8²),
+# on a 60-call H200 grid (16-128 -> as many channels, 8-32², batch 64-1024:
+# conv_grid_small_wgrad_h200_torch2.11_20261129_s34.json), after the seventh draw's CIFAR ResNet-56 (fp32, batch 512)
+# peaked 5.8 % above its estimate at a 152 MiB filter-gradient workspace. Which one, by the input's elements: from
+# 2^20 at 16 channels and from 2^19 at 32 (every call above, none below), between 2^20 and 2^21 at 64 (4 of 4 in,
+# 5 of 5 around out), never at 128 (15 of 15). bf16 took the conversion only; 48² and larger images (16-64
+# channels, cudnn_calibration_h200/conv_large/conv_2d_xl/conv_fp32_channels grids) never took the large block.
+SMALL_IMAGE_WGRAD_MAX_SIDE = 32
+SMALL_IMAGE_WGRAD_ELEMENTS = {16: (1 << 20, None), 32: (1 << 19, None), 64: (1 << 20, 1 << 21)}
+"""Channels (in = out) -> (fewest, most) input elements at which the large filter-gradient block was taken."""
+SMALL_IMAGE_WGRAD_UNSURE_MIN_ELEMENTS = 1 << 19
+"""Other channel pairs from 16 to 64 (not measured): the bound allows the large block from this many elements."""
+
+
+def _small_image_wgrad_candidate(input_shape: Sequence[int], weight_shape: Sequence[int], stride: Sequence[int], *,
+                                 half: bool, channels_last: bool) -> bool:
+    """An fp32 NCHW 3x3 stride-1 2-D convolution over images of at most SMALL_IMAGE_WGRAD_MAX_SIDE per axis, between
+    16 and 64 channels in and out."""
+    return (not half and not channels_last and len(input_shape) == 4 and tuple(weight_shape[2:]) == (3, 3)
+            and tuple(stride) == (1, 1) and max(input_shape[2:]) <= SMALL_IMAGE_WGRAD_MAX_SIDE
+            and 16 <= weight_shape[1] <= 64 and 16 <= weight_shape[0] <= 64)
+
+
+def _small_image_wgrad(input_shape: Sequence[int], weight_shape: Sequence[int], stride: Sequence[int], *,
+                       half: bool, channels_last: bool) -> bool:
+    """Where the grid's calls took the large filter-gradient block (channels in = out, 16, 32 or 64)."""
+    if not _small_image_wgrad_candidate(input_shape, weight_shape, stride, half=half, channels_last=channels_last):
+        return False
+    window = SMALL_IMAGE_WGRAD_ELEMENTS.get(weight_shape[1]) if weight_shape[0] == weight_shape[1] else None
+    if window is None:
+        return False
+    fewest, most = window
+    return math.prod(input_shape) >= fewest and (most is None or math.prod(input_shape) <= most)
+
+
+def small_image_wgrad_bytes(input_shape: Sequence[int], itemsize: int) -> int:
+    """The large filter-gradient block: (17 + 16 / side) x the input (the grid's 17.5, 18 and 19 x at 32, 16, 8)."""
+    return math.ceil((17 + 16 / min(input_shape[2:])) * _nbytes(input_shape, itemsize))
+
+
+def small_image_wgrad_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
+                                   output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int],
+                                   half: bool) -> int:
+    """What the bound allows beyond the charge where the grid did not say: channel pairs from 16 to 64 other than
+    16, 32 or 64 in and out, from SMALL_IMAGE_WGRAD_UNSURE_MIN_ELEMENTS input elements."""
+    if (not _small_image_wgrad_candidate(input_shape, weight_shape, stride, half=half, channels_last=False)
+            or (weight_shape[0] == weight_shape[1] and weight_shape[1] in SMALL_IMAGE_WGRAD_ELEMENTS)
+            or math.prod(input_shape) < SMALL_IMAGE_WGRAD_UNSURE_MIN_ELEMENTS):
+        return 0
+    conversion = _padded_conversion(input_shape, weight_shape, output_shape, itemsize)
+    return max(0, small_image_wgrad_bytes(input_shape, itemsize) - conversion)
 
 
 def _padded_conversion(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int],
@@ -451,6 +508,11 @@ def conv_workspace_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
                                                    stride=stride, groups=groups, transposed=transposed, half=half)
     if groups > 1 and fp16 and not transposed:
         return GROUPED_FP16_UNSURE_FACTOR * math.prod(input_shape) * itemsize
+    if groups == 1 and not transposed:
+        small = small_image_wgrad_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize,
+                                               stride=stride, half=half)
+        if small:
+            return small
     if _is_volume_head_half(weight_shape, groups=groups, transposed=transposed, half=half, stride=stride):
         return _volume_head_half_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize)
     if not _is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half):
