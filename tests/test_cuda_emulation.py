@@ -970,11 +970,13 @@ def test_strided_and_beyond_32_bit_pointwise_convolutions_on_cuda_stay_within_th
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "c", "side"), [(384, 32, 24), (2048, 16, 12), (384, 64, 8), (256, 48, 16),
+@pytest.mark.parametrize(("n", "c", "side"), [(512, 32, 20), (1536, 16, 28), (384, 64, 8), (256, 48, 16),
                                               (96, 16, 32)])
 def test_small_image_fp32_filter_gradients_on_cuda_stay_within_the_rule(n: int, c: int, side: int) -> None:
     # fp32 3x3 convolutions over small images at large batches, shapes the grid did not have: the backward within
-    # 8.5 MiB of the charge, or within the bound's allowance where the grid did not say (48 channels)
+    # 8.5 MiB of the charge, or within the bound's allowance where the grid did not say (48 channels). Its first
+    # run (384 x 32 x 24², 2048 x 16 x 12²) found sides that are not powers of two taking about half the block,
+    # which the rule then took from it; these shapes are new to it again
     from memfit.estimate.workspaces import conv_workspace_bytes, conv_workspace_unsure_bytes
 
     torch.backends.cudnn.benchmark = False

@@ -367,22 +367,32 @@ def _small_image_wgrad(input_shape: Sequence[int], weight_shape: Sequence[int], 
     return math.prod(input_shape) >= fewest and (most is None or math.prod(input_shape) <= most)
 
 
-def small_image_wgrad_bytes(input_shape: Sequence[int], itemsize: int) -> int:
-    """The large filter-gradient block: (17 + 16 / side) x the input (the grid's 17.5, 18 and 19 x at 32, 16, 8)."""
-    return math.ceil((17 + 16 / min(input_shape[2:])) * _nbytes(input_shape, itemsize))
+def small_image_wgrad_bytes(input_shape: Sequence[int], itemsize: int, *, largest: bool = False) -> int:
+    """The large filter-gradient block: (17 + 16 / side) x the input where the side is a power of two (the grid's
+    17.5, 18 and 19 x at 32, 16 and 8), (8 + 12 / side) x elsewhere (8.55 x at 24² and 9.0 x at 12², found by the
+    GPU test after the rule was written from the grid: tests/test_cuda_emulation.py; gpu_tests_conv_small_h200_
+    torch2.11_20261129_s34.log); ``largest``: the power-of-two size whatever the side, which the bound allows."""
+    side = min(input_shape[2:])
+    power_of_two = side & (side - 1) == 0 and max(input_shape[2:]) == side
+    factor = 17 + 16 / side if power_of_two or largest else 8 + 12 / side
+    return math.ceil(factor * _nbytes(input_shape, itemsize))
 
 
 def small_image_wgrad_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
                                    output_shape: Sequence[int], *, itemsize: int, stride: Sequence[int],
                                    half: bool) -> int:
     """What the bound allows beyond the charge where the grid did not say: channel pairs from 16 to 64 other than
-    16, 32 or 64 in and out, from SMALL_IMAGE_WGRAD_UNSURE_MIN_ELEMENTS input elements."""
-    if (not _small_image_wgrad_candidate(input_shape, weight_shape, stride, half=half, channels_last=False)
-            or (weight_shape[0] == weight_shape[1] and weight_shape[1] in SMALL_IMAGE_WGRAD_ELEMENTS)
+    16, 32 or 64 in and out, from SMALL_IMAGE_WGRAD_UNSURE_MIN_ELEMENTS input elements; and sides that are not
+    powers of two, measured on two shapes, up to the power-of-two size."""
+    if not _small_image_wgrad_candidate(input_shape, weight_shape, stride, half=half, channels_last=False):
+        return 0
+    largest = small_image_wgrad_bytes(input_shape, itemsize, largest=True)
+    if _small_image_wgrad(input_shape, weight_shape, stride, half=half, channels_last=False):
+        return largest - small_image_wgrad_bytes(input_shape, itemsize)
+    if ((weight_shape[0] == weight_shape[1] and weight_shape[1] in SMALL_IMAGE_WGRAD_ELEMENTS)
             or math.prod(input_shape) < SMALL_IMAGE_WGRAD_UNSURE_MIN_ELEMENTS):
         return 0
-    conversion = _padded_conversion(input_shape, weight_shape, output_shape, itemsize)
-    return max(0, small_image_wgrad_bytes(input_shape, itemsize) - conversion)
+    return max(0, largest - _padded_conversion(input_shape, weight_shape, output_shape, itemsize))
 
 
 def _padded_conversion(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int],
