@@ -999,7 +999,7 @@ def test_a_channels_last_upsampling_backward_on_cuda_copies_nothing() -> None:
     # the NHWC kernel: the input's gradient alone is allocated (kernel_scratch's rule charges no copy). Called once
     # first: run after the small-image convolution tests (session 34), its first call took 256 KiB more
     g = torch.randn(4, 64, 96, 96, device="cuda").contiguous(memory_format=torch.channels_last)
-    del torch.ops.aten.upsample_bilinear2d_backward(g, (96, 96), (4, 64, 48, 48), False)
+    torch.ops.aten.upsample_bilinear2d_backward(g, (96, 96), (4, 64, 48, 48), False)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
