@@ -3,8 +3,9 @@
 * **cuDNN convolutions.** With PyTorch's default NCHW layout, cuDNN 9 (``benchmark=False``) takes one transient
   block per call the size of input + output + weight: it converts them to NHWC for its tensor-core kernels and
   frees the block when the call returns. 1x1 convolutions (2-D, and 3-D in fp32), grouped/depthwise
-  convolutions and non-overlapping "patchify" convolutions run without it. Backward makes two calls (data and
-  filter gradients), each with such a block. Measured on an H200, cuDNN 9.19, torch 2.11:
+  convolutions and non-overlapping "patchify" convolutions run without it, but for strided fp32 1x1 ones and any
+  1x1 one beyond 2^31 - 1 input elements (session 34). Backward makes two calls (data and filter gradients), each
+  with such a block; fp32 3x3 filter gradients over small images at large batches take a larger one. Measured on an H200, cuDNN 9.19, torch 2.11:
   ``benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json`` (360 convolution shapes, 2-D and
   3-D, fp32/bf16/fp16; the rule is within a few percent on the large ones, which are the ones that decide a peak).
 * **cuDNN RNNs** are sized in ``memfit.estimate.cudnn_rnn``.
