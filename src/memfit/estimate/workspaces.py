@@ -5,7 +5,8 @@
   frees the block when the call returns. 1x1 convolutions (2-D, and 3-D in fp32), grouped/depthwise
   convolutions and non-overlapping "patchify" convolutions run without it, but for strided fp32 1x1 ones and any
   1x1 one beyond 2^31 - 1 input elements (session 34). Backward makes two calls (data and filter gradients), each
-  with such a block; fp32 3x3 filter gradients over small images at large batches take a larger one. Measured on an H200, cuDNN 9.19, torch 2.11:
+  with such a block; fp32 3x3 filter gradients over small images at large batches take a larger one. Measured on
+  an H200, cuDNN 9.19, torch 2.11:
   ``benchmarks/results/estimate/cudnn_calibration_h200_torch2.11_20261126.json`` (360 convolution shapes, 2-D and
   3-D, fp32/bf16/fp16; the rule is within a few percent on the large ones, which are the ones that decide a peak).
 * **cuDNN RNNs** are sized in ``memfit.estimate.cudnn_rnn``.
@@ -183,6 +184,9 @@ CHANNELS_LAST_CALIBRATED_SIZE = 384
 CHANNELS_LAST_STEM_CALIBRATED_SIZE, CHANNELS_LAST_STEM_KERNELS = 1024, ((3, 3), (7, 7))
 """... but for stems of these kernels at stride 2, which the grid at 512 and 1024 per axis measured (above): the
 sixth draw's channels-last segmentation steps run theirs over 473-513² (smp, torchvision's DeepLabV3, a PSP head)."""
+CHANNELS_LAST_FP32_NARROW_MAX_CIN, CHANNELS_LAST_FP32_NARROW_RATIO = 16, 1.1
+"""fp32 from at most this many channels (k > 1): the filter gradient took 1.01-1.06 x input + output at 192-384² (up
+to 1.37 x on smaller ones, within the constant); charged this part of it."""
 
 
 def channels_last_calibrated_size(input_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int]) -> int:
@@ -191,9 +195,6 @@ def channels_last_calibrated_size(input_shape: Sequence[int], kernel: Sequence[i
             and tuple(stride) == (2, 2)):
         return CHANNELS_LAST_STEM_CALIBRATED_SIZE
     return CHANNELS_LAST_CALIBRATED_SIZE
-CHANNELS_LAST_FP32_NARROW_MAX_CIN, CHANNELS_LAST_FP32_NARROW_RATIO = 16, 1.1
-"""fp32 from at most this many channels (k > 1): the filter gradient took 1.01-1.06 x input + output at 192-384² (up
-to 1.37 x on smaller ones, within the constant); charged this part of it."""
 
 
 def _channels_last_ratio(input_shape: Sequence[int], kernel: Sequence[int], *, half: bool, backward: bool) -> float:
@@ -334,7 +335,7 @@ def conv_workspace_bytes(
 
 # fp32 3x3 stride-1 convolutions over small images at large batches (a CIFAR ResNet), NCHW: the filter gradient
 # took either the conversion block (2 x input) or (17 + 16 / side) x input (17.5 x at 32², 18 x at 16², 19 x at 8²),
-# on a 60-call H200 grid (16-128 -> as many channels, 8-32², batch 64-1024:
+# on the 60 fp32 NCHW calls of a 140-call H200 grid (16-128 -> as many channels, 8-32², batch 64-1024:
 # conv_grid_small_wgrad_h200_torch2.11_20261129_s34.json), after the seventh draw's CIFAR ResNet-56 (fp32, batch 512)
 # peaked 5.8 % above its estimate at a 152 MiB filter-gradient workspace. Which one, by the input's elements: from
 # 2^20 at 16 channels and from 2^19 at 32 (every call above, none below), between 2^20 and 2^21 at 64 (4 of 4 in,
@@ -386,7 +387,7 @@ def small_image_wgrad_unsure_bytes(input_shape: Sequence[int], weight_shape: Seq
                                    half: bool) -> int:
     """What the bound allows beyond the charge where the grid did not say: channel pairs from 16 to 64 other than
     16, 32 or 64 in and out, from SMALL_IMAGE_WGRAD_UNSURE_MIN_ELEMENTS input elements; and sides that are not
-    powers of two, measured on two shapes, up to the power-of-two size."""
+    powers of two, measured on four shapes by the GPU test, up to the power-of-two size."""
     if not _small_image_wgrad_candidate(input_shape, weight_shape, stride, half=half, channels_last=False):
         return 0
     largest = small_image_wgrad_bytes(input_shape, itemsize, largest=True)
