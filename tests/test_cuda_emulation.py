@@ -1,4 +1,5 @@
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -115,6 +116,22 @@ def test_a_two_class_half_precision_head_charges_its_input_gradients_workspace_i
     assert largest_workspace(4) < 72 * 256 * 256 * (16 + 4) * 2 // 10
 
 
+def _channels_last_grid_calls(r: dict) -> Iterator[tuple[bool, int, int, int]]:
+    """A channels-last calibration row's calls, forward then backward (its two calls as one block, the larger):
+    (backward, what it took, the rule's charge, the bound's allowance beyond it)."""
+    from memfit.estimate.workspaces import channels_last_unsure_bytes, conv_workspace_bytes
+
+    n, item = r["n"], 4 if r["dtype"] == "fp32" else 2
+    side = round((r["out_bytes"] // item / (n * r["cout"])) ** 0.5)
+    shapes = ((n, r["cin"], r["size"], r["size"]), (r["cout"], r["cin"], r["k"], r["k"]), (n, r["cout"], side, side))
+    for took, backward in ((r["fwd_ws"], False), (max(r["dgrad_ws"], r["wgrad_ws"], r["bwd_ws"]), True)):
+        rule = conv_workspace_bytes(*shapes, itemsize=item, stride=(r["stride"],) * 2, groups=1, transposed=False,
+                                    half=item == 2, backward=backward, channels_last=True)
+        unsure = channels_last_unsure_bytes(shapes[0], shapes[2], shapes[1][2:], itemsize=item, half=item == 2,
+                                            backward=backward)
+        yield backward, took, rule, unsure
+
+
 def test_channels_last_convolutions_take_what_the_grid_took():
     # 2-D convolutions on channels-last inputs run cuDNN's NHWC kernels without the layout conversion: on the H200
     # grid (360 shapes; input and weight channels-last, or the input alone, whose NCHW weight PyTorch copies) no call
@@ -122,8 +139,6 @@ def test_channels_last_convolutions_take_what_the_grid_took():
     # block (the larger); the typical charge is the median, so about half the calls took more than it
     import json
     from pathlib import Path
-
-    from memfit.estimate.workspaces import channels_last_unsure_bytes, conv_workspace_bytes
 
     MiB = 1 << 20
     folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "estimate"
@@ -136,15 +151,10 @@ def test_channels_last_convolutions_take_what_the_grid_took():
     rows += odd["rows"]
     above_typical = 0
     for r in rows:
-        n, item = r["n"], 4 if r["dtype"] == "fp32" else 2
-        side = round((r["out_bytes"] // item / (n * r["cout"])) ** 0.5)
-        shapes = ((n, r["cin"], r["size"], r["size"]), (r["cout"], r["cin"], r["k"], r["k"]), (n, r["cout"], side, side))
         weight_copy = r["w_bytes"] if r["channels_last"] == "input" and r["k"] > 1 else 0
-        for took, backward in ((r["fwd_ws"], False), (max(r["dgrad_ws"], r["wgrad_ws"], r["bwd_ws"]), True)):
-            rule = conv_workspace_bytes(*shapes, itemsize=item, stride=(r["stride"],) * 2, groups=1, transposed=False,
-                                        half=item == 2, backward=backward, channels_last=True) + weight_copy
-            largest = rule + channels_last_unsure_bytes(shapes[0], shapes[2], shapes[1][2:], itemsize=item,
-                                                        half=item == 2, backward=backward)
+        for backward, took, charged, unsure in _channels_last_grid_calls(r):
+            rule = charged + weight_copy
+            largest = rule + unsure
             fp32_odd = r["dtype"] == "fp32" and r["k"] > 1 and r["cin"] > 16 and not all(
                 c & (c - 1) == 0 for c in (r["cin"], r["cout"]))
             assert 0 <= largest - took, (r, backward, took, largest)
@@ -161,28 +171,18 @@ def test_channels_last_convolutions_up_to_1024_per_axis_stay_within_the_bound():
     # and 1x1 64 <-> 256): no call took more than the trace's charge and the bound's bytes for it, the stems
     # included, whose size the trace takes as calibrated up to 1024 (the 256 -> 64 1x1 over 8 x 1024², 2^31 input
     # elements, is charged its 10 GiB forward block, beyond 32-bit indexing); a stem beyond it is still extrapolated
-    from memfit.estimate.workspaces import (
-        channels_last_calibrated_size,
-        channels_last_unsure_bytes,
-        conv_workspace_bytes,
-    )
+    from memfit.estimate.workspaces import channels_last_calibrated_size
 
     rows = _grid("cudnn_calibration_conv_channels_last_large_h200_torch2.11_20261129")
     assert len(rows) == 72
     stems = 0
     for r in rows:
-        n, item = r["n"], 4 if r["dtype"] == "fp32" else 2
-        side = round((r["out_bytes"] // item / (n * r["cout"])) ** 0.5)
-        shapes = ((n, r["cin"], r["size"], r["size"]), (r["cout"], r["cin"], r["k"], r["k"]), (n, r["cout"], side, side))
-        for took, backward in ((r["fwd_ws"], False), (max(r["dgrad_ws"], r["wgrad_ws"], r["bwd_ws"]), True)):
-            rule = conv_workspace_bytes(*shapes, itemsize=item, stride=(r["stride"],) * 2, groups=1, transposed=False,
-                                        half=item == 2, backward=backward, channels_last=True)
-            largest = rule + channels_last_unsure_bytes(shapes[0], shapes[2], shapes[1][2:], itemsize=item,
-                                                        half=item == 2, backward=backward)
-            assert took <= largest, (r, backward, took, largest)
+        for backward, took, rule, unsure in _channels_last_grid_calls(r):
+            assert took <= rule + unsure, (r, backward, took, rule + unsure)
         if r["cin"] == 3:
             stems += 1
-            assert channels_last_calibrated_size(shapes[0], shapes[1][2:], (2, 2)) >= r["size"]
+            input_shape = (r["n"], r["cin"], r["size"], r["size"])
+            assert channels_last_calibrated_size(input_shape, (r["k"], r["k"]), (2, 2)) >= r["size"]
     assert stems == 36
     assert channels_last_calibrated_size((2, 3, 2048, 2048), (7, 7), (2, 2)) < 2048
     assert channels_last_calibrated_size((2, 64, 512, 512), (3, 3), (1, 1)) < 512

@@ -111,6 +111,11 @@ def _beyond_int32_pointwise_bytes(input_shape: Sequence[int], output_shape: Sequ
     return None
 
 
+def _pointwise_fp32(weight_shape: Sequence[int], *, groups: int, transposed: bool, half: bool) -> bool:
+    """An fp32 1x1 convolution, neither grouped nor transposed."""
+    return not half and not transposed and groups == 1 and all(k == 1 for k in weight_shape[2:])
+
+
 def _strided_pointwise_fp32(weight_shape: Sequence[int], stride: Sequence[int], *, groups: int, transposed: bool,
                             half: bool) -> bool:
     """A strided fp32 1x1 convolution (a ResNet's downsampling shortcut) in NCHW: cuDNN took input + output in
@@ -121,8 +126,7 @@ def _strided_pointwise_fp32(weight_shape: Sequence[int], stride: Sequence[int], 
     alone). Before that grid no strided fp32 1x1 convolution had been measured, and the rule charged them nothing.
     A frozen fp32 ResNet-50 at batch 64 (the zoo's frozen_tv_resnet50_head, whose peak is in forward) measured on an
     H100 what the trace gives with its shortcuts' forward charged the input, not input + output (fit data)."""
-    return (not half and not transposed and groups == 1 and all(k == 1 for k in weight_shape[2:])
-            and any(x > 1 for x in stride))
+    return _pointwise_fp32(weight_shape, groups=groups, transposed=transposed, half=half) and any(x > 1 for x in stride)
 
 
 def pointwise_fp32_forward_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequence[int],
@@ -130,12 +134,11 @@ def pointwise_fp32_forward_unsure_bytes(input_shape: Sequence[int], weight_shape
                                         groups: int, transposed: bool, half: bool) -> int:
     """The output an NCHW fp32 1x1 convolution's forward may take beside the input charged for it, where it is
     strided or beyond INT32_LIMIT (input + output on some shapes, the input on others); 0 elsewhere."""
-    pointwise = not half and not transposed and groups == 1 and all(k == 1 for k in weight_shape[2:])
-    if pointwise and _beyond_int32(input_shape):
+    if not _pointwise_fp32(weight_shape, groups=groups, transposed=transposed, half=half):
+        return 0
+    if _beyond_int32(input_shape):
         return _nbytes((_beyond_int32_images(input_shape), *output_shape[1:]), itemsize)
-    if _strided_pointwise_fp32(weight_shape, stride, groups=groups, transposed=transposed, half=half):
-        return _nbytes(output_shape, itemsize)
-    return 0
+    return _nbytes(output_shape, itemsize) if any(x > 1 for x in stride) else 0
 
 
 # Channels-last 2-D convolutions (the input, or the input and the weight, in NHWC: ``model.to(memory_format=
