@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Session 35's device calls (H200), from the repository root, writing under $OUT.
+#   bash benchmarks/estimate/device_batch_n.sh streams ID[@CAP],...   # zoo entries' allocator streams, uncapped or
+#       # under a cap of CAP bytes (trace_entries.py --zoo), side by side on the one GPU
+#   bash benchmarks/estimate/device_batch_n.sh tests   # the GPU tests (one GPU)
+set -u
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
+
+case "$1" in
+  streams)
+    timeout 560 python3 benchmarks/estimate/trace_entries.py --zoo ${2//,/ } --out "$OUT" > "$OUT/streams.log" 2>&1
+    tail -n 8 "$OUT/streams.log"
+    ;;
+  tests)
+    gpu_tests 570
+    ;;
+esac
