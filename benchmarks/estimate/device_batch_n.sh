@@ -2,6 +2,8 @@
 # Session 35's device calls (H200), from the repository root, writing under $OUT.
 #   bash benchmarks/estimate/device_batch_n.sh streams ID[@CAP],...   # zoo entries' allocator streams, uncapped or
 #       # under a cap of CAP bytes (trace_entries.py --zoo), side by side on the one GPU
+#   bash benchmarks/estimate/device_batch_n.sh holdout8 NAMES   # the eighth draw measured (peaks and the smallest
+#       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
 #   bash benchmarks/estimate/device_batch_n.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
@@ -10,6 +12,10 @@ case "$1" in
   streams)
     timeout 560 python3 benchmarks/estimate/trace_entries.py --zoo ${2//,/ } --out "$OUT" > "$OUT/streams.log" 2>&1
     tail -n 8 "$OUT/streams.log"
+    ;;
+  holdout8)
+    draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout8_h200_s35.json \
+      zoo_holdout8_measurements "$2"
     ;;
   tests)
     gpu_tests 570

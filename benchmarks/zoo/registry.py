@@ -21,6 +21,7 @@ MODULES = (
     "holdout5.py",
     "holdout6.py",
     "holdout7.py",
+    "holdout8.py",
 )
 """The family modules, in report order."""
 
