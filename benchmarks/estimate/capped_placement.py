@@ -31,12 +31,12 @@ _SEGMENTS = 4096  # more than any stream here creates; an address list may be lo
 
 def _orders() -> dict[str, list[int] | None]:
     """Segment addresses by order: ``below`` (memfit's default, None), ``above`` (each new segment above all earlier),
-    and random permutations, all 64 MiB apart (below 2**48, as real device addresses are)."""
-    spacing = 1 << 36
-    orders: dict[str, list[int] | None] = {"below": None, "above": [(1 << 40) + i * spacing for i in range(_SEGMENTS)]}
+    and random permutations: 16 GiB apart, more than any segment, and below 2**48, as real device addresses are."""
+    spacing = 1 << 34
+    orders: dict[str, list[int] | None] = {"below": None, "above": [(i + 1) * spacing for i in range(_SEGMENTS)]}
     for seed in range(ORDERS):
-        slots = random.Random(seed).sample(range(1, 1 << 20), _SEGMENTS)
-        orders[f"random {seed}"] = [s << 26 for s in slots]
+        slots = random.Random(seed).sample(range(1, 2 * _SEGMENTS), _SEGMENTS)
+        orders[f"random {seed}"] = [s * spacing for s in slots]
     return orders
 
 
