@@ -22,6 +22,7 @@ MODULES = (
     "holdout6.py",
     "holdout7.py",
     "holdout8.py",
+    "holdout9.py",
 )
 """The family modules, in report order."""
 
