@@ -4,6 +4,7 @@
 #       # under a cap of CAP bytes (trace_entries.py --zoo), side by side on the one GPU
 #   bash benchmarks/estimate/device_batch_n.sh holdout8 NAMES   # the eighth draw measured (peaks and the smallest
 #       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
+#   bash benchmarks/estimate/device_batch_n.sh holdout9 NAMES   # the ninth draw, the same way
 #   bash benchmarks/estimate/device_batch_n.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
@@ -16,6 +17,10 @@ case "$1" in
   holdout8)
     draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout8_h200_s35.json \
       zoo_holdout8_measurements "$2"
+    ;;
+  holdout9)
+    draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261129_holdout9_h200_s35.json \
+      zoo_holdout9_measurements "$2"
     ;;
   tests)
     gpu_tests 570
