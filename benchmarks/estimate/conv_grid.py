@@ -1,7 +1,8 @@
 """What cuDNN convolutions take, forward and each backward call, on grids the calibration had left out: beyond 2^31 - 1
 elements (32-bit indexing; sets "first" and "second"), against the same convolutions just below that limit, strided
 1x1 convolutions (a ResNet's downsampling shortcut; set "strided"), which the second set found taking the input in
-fp32 below the limit too, and 3x3 convolutions over 8-32² images at batch 64-1024 (set "small_wgrad").
+fp32 below the limit too, 3x3 convolutions over 8-32² images at batch 64-1024 (set "small_wgrad"), and fp16 NCHW 3x3
+convolutions of a U-Net over 128-2048² at batch 2-4 (set "half_large").
 
 Session 33's probe (conv_int32_probe.py) found an fp32 1x1 convolution over 8 x 256 x 1024² (2^31 input elements)
 taking input + output channels-last, and the input NCHW, in forward, where nothing was taken up to 7 images. This
@@ -61,6 +62,21 @@ CASES = {
         (f"3x3 {c} at {side}", 2, c, c, 3, side, (64, 128, 256, 512, 1024), 1)
         for side in (8, 16, 32) for c in (16, 32, 64, 128)
     ],
+    "half_large": [  # fp16 NCHW 3x3 convolutions of smp's U-Net(ResNet-34) over 2048² tiles (decoder: concatenated
+        # skip to its width, then width to width; encoder stages), the sizes the ninth draw's U-Net and U-Net++ took
+        # workspaces at that no rule charges (holdout9_misses_h200_torch2.11_20261129_s35.md)
+        ("3x3 768-256", 2, 768, 256, 3, 128, (2, 4), 1),
+        ("3x3 256-256", 2, 256, 256, 3, 128, (2, 4), 1),
+        ("3x3 384-128", 2, 384, 128, 3, 256, (2, 4), 1),
+        ("3x3 128-128", 2, 128, 128, 3, 256, (2, 4), 1),
+        ("3x3 192-64", 2, 192, 64, 3, 512, (2, 4), 1),
+        ("3x3 64-64", 2, 64, 64, 3, 512, (2, 4), 1),
+        ("3x3 64-64 768", 2, 64, 64, 3, 768, (2, 4), 1),
+        ("3x3 128-32", 2, 128, 32, 3, 1024, (2, 4), 1),
+        ("3x3 32-32", 2, 32, 32, 3, 1024, (2, 4), 1),
+        ("3x3 32-16", 2, 32, 16, 3, 2048, (2, 4), 1),
+        ("3x3 16-16", 2, 16, 16, 3, 2048, (2, 4), 1),
+    ],
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -118,16 +134,20 @@ def main() -> None:
                 date=time.strftime("%Y-%m-%d"), benchmark=False, int_max=INT_MAX, cases=args.cases)
     for name, dims, cin, cout, k, side, batches, stride in CASES[args.cases]:
         for dtype in ("fp32", "bf16", "fp16"):
-            if dtype == "fp16" and name not in ("1x1 input", "3x3 both"):
+            if dtype == "fp16" and args.cases != "half_large" and name not in ("1x1 input", "3x3 both"):
                 continue
             if dtype == "bf16" and args.cases == "strided" and dims == 3:
                 continue
             if args.cases == "small_wgrad" and dtype == "fp16":
                 continue
+            if args.cases == "half_large" and dtype != "fp16":
+                continue
             for layout in ("channels_last", "nchw") if dims > 1 else ("nchw",):
                 if args.cases in ("strided", "small_wgrad") and dtype != "fp32" and layout == "channels_last":
                     continue
                 if args.cases == "small_wgrad" and layout == "channels_last" and side != 16:
+                    continue
+                if args.cases == "half_large" and layout == "channels_last":
                     continue
                 for n in batches:
                     if time.monotonic() - start > args.budget_s:
