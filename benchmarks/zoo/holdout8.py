@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from monai_models import _DICE_CE, _adamw, _dynunet_loss  # noqa: E402
 from nnunet_models import _ds_loss, _nnunet_sgd, _unet  # noqa: E402
 from recipes import adamw, ce, monai_loss, monai_net, volumes  # noqa: E402
 from recipes import tv_model as _tv
@@ -61,12 +62,7 @@ h8_nnunet_plain_2d_896x768 = _nnunet("h8_nnunet_plain_2d_896x768", False, 2, [32
 
 # --- MONAI -------------------------------------------------------------------------------------------------------------
 
-_DICE_CE = monai_loss("DiceCELoss", to_onehot_y=True, softmax=True)
 _MONAI = ("monai", HOLDOUT8, "segmentation", "3d")
-
-
-def _adamw(p: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(p, lr=1e-4, weight_decay=1e-5)
 
 
 h8_monai_swin_unetr_v2_bf16 = Workload(
@@ -88,18 +84,10 @@ def _dynunet_aniso() -> nn.Module:
                    deep_supervision=True, deep_supr_num=2, res_block=True)
 
 
-def _stacked_heads_loss(out: torch.Tensor, batch: Any) -> torch.Tensor:
-    # DynUNet stacks its full-resolution output and the upsampled deep-supervision heads along dim 1
-    loss = _DICE_CE(out[:, 0], batch)
-    for i in range(1, out.shape[1]):
-        loss = loss + 0.5**i * _DICE_CE(out[:, i], batch)
-    return loss
-
-
 h8_monai_dynunet_aniso_fp16 = Workload(
     name="h8_monai_dynunet_aniso_fp16", description="DynUNet, anisotropic kernels and strides (in-plane first), "
     "residual blocks, deep supervision x2, 192x192x48, fp16",
-    model=_dynunet_aniso, batch=volumes((192, 192, 48), 4, label_channel=True), loss=_stacked_heads_loss,
+    model=_dynunet_aniso, batch=volumes((192, 192, 48), 4, label_channel=True), loss=_dynunet_loss,
     optimizer=lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.99, nesterov=True, weight_decay=3e-5), batch_size=2,
     precision="fp16", tags=(*_MONAI, "cnn", "deep_supervision"),
 )
