@@ -2,6 +2,7 @@
 
     python benchmarks/estimate/op_blocks.py run NAME[,NAME...] --out $OUT            # GPU machine
     PYTHONPATH=src:benchmarks python benchmarks/estimate/op_blocks.py compare FOLDER NAME [--min-mib 64]   # CPU
+    python benchmarks/estimate/op_blocks.py conv_backward FOLDER NAME        # each convolution backward's scratch
 
 ``run``: each entry in its own process, side by side on the one GPU. The step (the protocol memfit measures,
 ``run_steps_on_cuda``) runs under a dispatch mode that notes, for every aten op, the caching allocator's allocation
@@ -10,6 +11,12 @@ arguments (shape, dtype, strides), while the allocator's trace (``_record_memory
 size and when it was freed. The k-th block of the trace is the one that moved the counter to k: so each block is
 named by the op that took it, and a block freed before that op returned is the op's scratch. Writes
 ``op_blocks_<card>/NAME.json.gz``.
+
+What the probe itself changes: under any dispatch mode ATen treats every tensor as tensor-subclass-like
+(``isTensorSubclassLike``, aten/src/ATen/TensorSubclassLikeUtils.h), so the autograd engine sums a tensor's two
+gradients out of place (``InputBuffer::accumulate``) where the step alone sums in place: the backward ``add`` blocks
+are the probe's, not the step's (its peak allocated is the measured one where those sums are not at the peak).
+Convolutions' blocks are not affected.
 
 ``compare``: memfit's trace of the same entry, its blocks of at least ``--min-mib`` MiB counted by (phase, op, MiB)
 beside the GPU's, and the ops whose counts differ, with the arguments of the first GPU call of each.
@@ -23,7 +30,7 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -129,6 +136,14 @@ def run(names: list[str], out_root: str) -> None:
         p.wait()
 
 
+def _memfit_name(op: str, scratch: bool) -> str:
+    """The name memfit's trace gives what ``op`` took on the GPU: a convolution's scratch is cuDNN's workspace,
+    and the trace's batch norm is the device-neutral one (it runs on the meta device)."""
+    if scratch and op.startswith("convolution"):
+        return "cudnn_workspace"
+    return op.replace("cudnn_batch_norm", "native_batch_norm")
+
+
 def compare(folder: str, name: str, min_mib: int) -> None:
     sys.path.insert(0, str(HERE.parent / "zoo"))
     from registry import entries
@@ -144,11 +159,11 @@ def compare(folder: str, name: str, min_mib: int) -> None:
     example: dict[tuple[str, str], str] = {}
     for b in data["blocks"]:
         if b[0] >= floor and b[1] >= 0 and rows[b[1]][2] == 0:  # the first step
-            op, ph = rows[b[1]][0], rows[b[1]][1]
+            op, ph = _memfit_name(rows[b[1]][0], b[2]), rows[b[1]][1]
             gpu[ph, op, b[0] // MiB] += 1
             brief[ph, op, b[0] // MiB] += b[2]
             example.setdefault((ph, op), f"{rows[b[1]][3]} {rows[b[1]][7]}")
-    trace = trace_workload(load_workload(entries([name])[0].spec), gpu_spec(data["gpu"]))
+    trace = trace_workload(load_workload(entries([name])[0].spec), gpu_spec(data["gpu"].lower().replace("nvidia", "").split()[0]))
     ours: Counter[tuple[str, str, int]] = Counter(
         (a.phase, a.op.removesuffix("_scratch"), a.nbytes // MiB) for a in trace.allocs
         if a.nbytes >= floor and a.step == 0)
@@ -163,9 +178,40 @@ def compare(folder: str, name: str, min_mib: int) -> None:
             print(f"- {ph} {op}: {example[ph, op]}")
 
 
+def conv_backward(folder: str, name: str) -> None:
+    """Each distinct convolution backward of the first step: its scratch blocks (freed inside the call) of at least
+    1 MiB in order, the data gradient's then the filter gradient's, and how much larger the second is, also in
+    units of the weight's fp32 size (a split-K reduction buffer would be a whole number of them)."""
+    import math
+    import re
+
+    data = json.loads(gzip.decompress((Path(folder) / f"{name}.json.gz").read_bytes()))
+    rows, per_row = data["rows"], defaultdict(list)
+    for b in data["blocks"]:
+        if b[1] >= 0 and b[2] and b[0] >= MiB:
+            per_row[b[1]].append(b[0])
+    print(f"{name} ({data['gpu']}, torch {data['torch']}): convolution backward scratch, first step")
+    print("| weight | input | dtype | scratch blocks (B) | second - first (B) | / fp32 weight |\n|---|---|---|---|---|---|")
+    seen = set()
+    for r, row in enumerate(rows):
+        if row[0] != "convolution_backward" or row[2] != 0:
+            continue
+        tensors = re.findall(r"(\w+)\[([\d, ]*)\]/", row[7])
+        key = re.sub(r"/\[[\d, ]*\]", "", row[7])
+        if key in seen or len(tensors) < 3:
+            continue
+        seen.add(key)
+        (dtype, _), (_, x), (_, w) = tensors[:3]
+        blocks = per_row.get(r, [])
+        numel = math.prod(int(v) for v in w.split(","))
+        diff = blocks[-1] - blocks[0] if len(blocks) == 2 else None
+        ratio = f"{diff / (4 * numel):.2f}" if diff is not None else ""
+        print(f"| [{w}] | [{x}] | {dtype} | {', '.join(map(str, blocks))} | {'' if diff is None else diff} | {ratio} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["run", "one", "compare"])
+    parser.add_argument("what", choices=["run", "one", "compare", "conv_backward"])
     parser.add_argument("names")
     parser.add_argument("name", nargs="?")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -175,6 +221,8 @@ def main() -> None:
         run(args.names.split(","), args.out)
     elif args.what == "one":
         _one(args.names, Path(args.out))
+    elif args.what == "conv_backward":
+        conv_backward(args.names, args.name)
     else:
         compare(args.names, args.name, args.min_mib)
 
