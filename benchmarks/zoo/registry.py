@@ -23,6 +23,7 @@ MODULES = (
     "holdout7.py",
     "holdout8.py",
     "holdout9.py",
+    "holdout10.py",
 )
 """The family modules, in report order."""
 
