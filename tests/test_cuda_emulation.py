@@ -864,10 +864,12 @@ def test_the_memory_efficient_backward_in_fp32_takes_its_grad_query_tiles_whatev
     assert efficient_attention_backward_fp32_bytes(24, 8, 192, 72) == delta + 24 * 8 * 2 * 2 * (16 + 128 * 64 * 4)
 
 
-def test_a_channels_last_upsampling_gradient_takes_no_copy():
+def test_an_upsampling_gradient_is_copied_only_where_it_is_not_laid_out_for_the_kernel():
     # CUDA's 2-D upsampling backward runs an NHWC kernel on grad_output.contiguous(ChannelsLast) for a channels-last
     # gradient of 4 or more channels: nothing copied when it is laid out so (HF DPT's H200 stream has no block there,
-    # where memfit charged up to 576 MB); an NCHW gradient keeps the gradient-sized block
+    # where memfit charged up to 576 MB). The NCHW kernels take grad_output.contiguous(): a copy of a channel slice of
+    # a concatenation's gradient (a U-Net decoder's), none of a contiguous one (smp's U-Net at 2048² on an H200,
+    # op_blocks_h200_torch2.11_20261130_s36)
     from memfit.estimate.gpus import gpu_spec
     from memfit.estimate.kernel_scratch import kernel_transients
 
@@ -876,7 +878,9 @@ def test_a_channels_last_upsampling_gradient_takes_no_copy():
     for name in ("upsample_bilinear2d_backward", "upsample_nearest2d_backward"):
         assert kernel_transients(name, (nhwc, (96, 96), (2, 8, 48, 48)), None, gpu) == []
         nchw = nhwc.contiguous()
-        assert kernel_transients(name, (nchw, (96, 96), (2, 8, 48, 48)), None, gpu) == [nchw.nbytes]
+        assert kernel_transients(name, (nchw, (96, 96), (2, 8, 48, 48)), None, gpu) == []
+        sliced = torch.empty(2, 24, 96, 96)[:, 8:16]
+        assert kernel_transients(name, (sliced, (96, 96), (2, 8, 48, 48)), None, gpu) == [sliced.numel() * 4]
     # three channels: the NCHW kernel, which copies the gradient to NCHW
     three = torch.empty(2, 96, 96, 3).permute(0, 3, 1, 2)
     assert kernel_transients("upsample_bilinear2d_backward", (three, (96, 96), (2, 3, 48, 48)), None, gpu) == [
@@ -1006,6 +1010,22 @@ def test_a_channels_last_upsampling_backward_on_cuda_copies_nothing() -> None:
     out = torch.ops.aten.upsample_bilinear2d_backward(g, (96, 96), (4, 64, 48, 48), False)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before == out.nbytes
+
+
+@pytest.mark.gpu
+def test_an_nchw_upsampling_backward_on_cuda_copies_a_sliced_gradient_only() -> None:
+    # the NCHW kernel's grad_output.contiguous(): the input's gradient alone for a contiguous gradient, and a copy of
+    # a concatenation's channel slice besides (kernel_scratch's rule)
+    grad = torch.randn(4, 48, 96, 96, device="cuda")
+    for g in (grad[:, :16].contiguous(), grad[:, 16:32]):
+        torch.ops.aten.upsample_nearest2d_backward(g, (96, 96), (4, 16, 48, 48))
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = torch.ops.aten.upsample_nearest2d_backward(g, (96, 96), (4, 16, 48, 48))
+        torch.cuda.synchronize()
+        copy = 0 if g.is_contiguous() else g.numel() * g.element_size()
+        assert torch.cuda.max_memory_allocated() - before == out.nbytes + copy
 
 
 @pytest.mark.parametrize(("precision", "copied"), [("fp16", False), ("bf16", True)])

@@ -229,6 +229,36 @@ def test_the_replays_after_a_trace_keep_the_collector_off_old_objects(monkeypatc
     assert est.fits_in_replay_bytes == max(allocator.smallest_fitting_capacity(trace.events()), est.peak_allocated_bytes)
 
 
+def test_the_bound_assumes_a_workspace_the_replay_let_fail_is_taken() -> None:
+    """The replay lets a cuDNN workspace fail where memory is short (PyTorch tries another algorithm), so ``fits_in``
+    may count on doing without it; the fallback may need one too, so the bound replays the step with every
+    workspace taken and names the reason with the bytes it adds."""
+    from memfit.estimate import predict
+    from memfit.estimate.trace_record import Alloc, Trace
+
+    mib = 1 << 20
+    w = builtin_workload("mlp")
+    # three tensors kept, then a 16 MiB workspace inside one call: with it skipped the blocks fit in 36 MiB, with it
+    # taken (its own segment) in 52 MiB, both above the 42 MiB allocated with it
+    def trace(optional: bool) -> Trace:
+        made = Trace(phase_marks=[(0, "forward", 0), (0, "backward", 0)], cost_marks=[(0, "forward", 0)])
+        for nbytes, soft in ((6 * mib, False), (4 * mib, False), (16 * mib, False), (16 * mib, optional)):
+            made.allocs.append(Alloc(nbytes, "op", "", "backward", 0, (), "uint8", "workspaces", soft))
+            made.ops.append(1)
+            made.keys.append(len(made.allocs) - 1)
+        made.ops.append(-1)
+        made.keys.append(3)
+        return made
+
+    est = estimate(w, gpu=predict.gpu_spec("h200"), reuse_trace=trace(optional=True))
+    assert est.fits_in_replay_bytes == 42 * mib
+    reason = {u.reason: u for u in est.uncertainty}["workspace_fallback"]
+    assert reason.widen == 0 and reason.bytes == 10 * mib and "10 MiB more" in reason.detail
+    assert est.fits_in_upper_bytes >= 52 * mib > est.fits_in_bytes
+    # a block the library cannot do without: nothing to assume
+    assert "workspace_fallback" not in {u.reason for u in estimate(w, gpu="h200", reuse_trace=trace(False)).uncertainty}
+
+
 def test_a_frozen_set_made_before_memfit_is_taken_over_and_a_later_one_left_alone(monkeypatch: pytest.MonkeyPatch):
     """CPython 3.12 starts with objects frozen: a trace must still freeze (else every full collection walks the whole
     process); a set a caller froze after importing memfit (a pre-fork server) stays as it is."""

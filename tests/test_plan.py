@@ -8,6 +8,7 @@ import torch
 from conftest import PLAN_EFFECTIVE, plan_unet, small_plan
 from memfit import BudgetTooSmallError, estimate
 from memfit.errors import UsageError
+from memfit.estimate.allocator import AllocatorConfig
 from memfit.plan.patch import patch_ladder, plan_patch
 from memfit.plan.records import Plan
 from memfit.plan.search import plan
@@ -41,9 +42,10 @@ def test_binding_budget_fits_keeps_the_effective_batch_and_is_the_fastest_that_f
     p = plan(unet(), budget_bytes=budget)
     c = p.chosen.config
     assert c.effective_batch == EFFECTIVE and c.micro_batch < EFFECTIVE or c.checkpoint
-    # the plan runs through TrainStep, which drops each output before backward: estimated that way, and "fits"
-    # is decided with the upper bound
-    again = estimate(unet(keep_output=False, **c.changes()))
+    # the plan runs through TrainStep, which drops each output before backward: estimated that way, with the
+    # allocator the configuration asks for, and "fits" is decided with the upper bound
+    again = estimate(unet(keep_output=False, **c.changes()),
+                     allocator=AllocatorConfig(expandable_segments=c.expandable_segments))
     assert again.device_upper_bytes == p.chosen.device_bytes <= budget * (1 - p.margin)
     assert all(f.config.effective_batch == EFFECTIVE for f in p.frontier)
     # nothing verified to fit is faster than the choice

@@ -2,6 +2,8 @@
 # Session 36's device calls (H200), from the repository root, writing under $OUT.
 #   bash benchmarks/estimate/device_batch_o.sh op_blocks NAME,...   # zoo steps' blocks named by the op that took
 #       # them (op_blocks.py run), side by side on the one GPU
+#   bash benchmarks/estimate/device_batch_o.sh holdout10 NAMES   # the tenth draw measured (peaks and the smallest
+#       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
 #   bash benchmarks/estimate/device_batch_o.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
@@ -10,6 +12,10 @@ case "$1" in
   op_blocks)
     timeout 560 python3 benchmarks/estimate/op_blocks.py run "$2" --out "$OUT" > "$OUT/op_blocks.log" 2>&1
     tail -n 20 "$OUT/op_blocks.log"
+    ;;
+  holdout10)
+    draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_holdout10_h200_s36.json \
+      zoo_holdout10_measurements "$2"
     ;;
   tests)
     gpu_tests 570

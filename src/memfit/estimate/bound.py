@@ -38,6 +38,7 @@ UncertaintyReason = Literal[
     "reentrant_checkpoint",
     "conv_workspace_erratic",
     "step_kept",
+    "workspace_fallback",
 ]
 
 # Widths, as fractions of the replayed cap. Each says what it covers and where it comes from.
@@ -105,6 +106,12 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # (memfit.estimate.step_copies.kept_is_small). Widened in bytes, not by a fraction: another two of them, should
     # each step keep its own
     "step_kept": 0.0,
+    # the replay let cuDNN run without a workspace that did not fit (PyTorch then tries an algorithm that needs
+    # less): the bound replays the step with every workspace taken instead, and adds what that needs more, in bytes
+    # (memfit.estimate.predict._with_workspaces_taken). smp's MAnet (ResNet-34, the zoo's first draw, H100) needed
+    # 5.6 % more than that replay once its upsampling charged no copy of a contiguous gradient, and 1.1 % less than
+    # this one (benchmarks/results/estimate/upsample_rule_*_s36.md; fit data)
+    "workspace_fallback": 0.0,
 }
 
 _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACachingAllocator.cpp kLargeBuffer)

@@ -313,16 +313,15 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
         # (entry_traces_holdout4_h200_torch2.11_20261129_s31.tar.gz)
         return _Layout.of(args[0]).copy_bytes(torch.channels_last)
     if name.startswith("upsample_") and name.endswith("_backward"):
-        # a block the size of the output gradient (smp's U-Net decoder on an H200, transients_h200_20261126.json,
-        # where that gradient is a channel slice of a concatenation's: the kernels' grad_output.contiguous(),
-        # aten/src/ATen/native/cuda/UpSampleNearest2d.cu). Charged for a contiguous gradient too, though the H200
-        # streams of DeepLabV3-MobileNetV3 and smp's MAnet show none there
-        # (entry_traces_h200_torch2.11_20261128_s26*.tar.gz): without it, MAnet's replay under a cap fits 8 % below
-        # what the GPU needs. Not the capped replay's fault: the H200's own MAnet stream, replayed, needs what the
-        # H200 needed; memfit's stream has a strided 1x1 convolution's 25 MB forward workspace that the GPU did not
-        # take, and that one block moves the answer by 8 % (cap_walk_and_roll_cpu_torch2.14_20261129_s27.md). The
-        # block stays until that erratic workspace is modelled
-        return args[0].numel() * args[0].element_size()
+        # the kernels' grad_output.contiguous() (aten/src/ATen/native/cuda/UpSampleNearest2d.cu and its siblings): a
+        # copy of a gradient that is a channel slice of a concatenation's (smp's U-Net decoder on an H200,
+        # transients_h200_20261126.json), none for a contiguous one. The H200 blocks of smp's U-Net at 2048², named
+        # by the op that took them, show both: its first upsampling's contiguous gradient took only the input's
+        # gradient, the others' sliced ones a copy each (op_blocks_h200_torch2.11_20261130_s36; the ninth draw, where
+        # charging the contiguous one too, as memfit did from session 27 to 35 for smp's MAnet, put the estimate
+        # 13 % over). MAnet's capped replay, which that charge had held up, is covered by the bound's
+        # ``workspace_fallback`` (memfit.estimate.predict)
+        return contiguous_copy_bytes(args[0])
     if name in ("_scaled_dot_product_flash_attention_for_cpu_backward",
                 "_scaled_dot_product_efficient_attention_backward"):
         # (the memory-efficient kernel's backward in fp32: kernel_transients, above)

@@ -11,7 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from memfit.estimate.allocator import AllocatorConfig, CachingAllocator, smallest_fitting_capacity
+from memfit.estimate.allocator import (
+    ALLOC,
+    SOFT_ALLOC,
+    AllocatorConfig,
+    CachingAllocator,
+    smallest_fitting_capacity,
+)
 from memfit.estimate.bound import Uncertainty, upper_bound
 from memfit.estimate.categories import TRACED_CATEGORIES, MemoryCategory, TracedCategory
 from memfit.estimate.gpus import GpuSpec, gpu_spec
@@ -169,10 +175,18 @@ def estimate(
         analysis = _analyse(trace, events, config)
         # a cap below the allocated peak can never work; the search starts from there
         replayed = max(smallest_fitting_capacity(events, config), analysis["peak_allocated"])
+        taken = _with_workspaces_taken(events, config, replayed)
     fits_in = -(-int(replayed * (1 + FITS_IN_MARGIN)) // _SEGMENT) * _SEGMENT
     breakdown = dict(analysis["breakdown"])
     breakdown["fragmentation"] = fits_in - analysis["peak_allocated"]
-    upper, uncertainty = upper_bound(replayed, trace.uncertain, trace.uncertain_bytes)
+    reasons, extra = dict(trace.uncertain), dict(trace.uncertain_bytes)
+    if taken > replayed:
+        reasons["workspace_fallback"] = (
+            f"the replay lets cuDNN do without a workspace where memory is short, as PyTorch falls back to an "
+            f"algorithm that needs less; the fallback may need one too, so the bound assumes each is taken "
+            f"({(taken - replayed) / 2**20:.0f} MiB more)")
+        extra["workspace_fallback"] = taken - replayed
+    upper, uncertainty = upper_bound(replayed, reasons, extra)
     upper = max(upper, fits_in)
     context = spec.context_bytes(trace.uses_cublas)
     return Estimate(
@@ -204,6 +218,24 @@ def estimate(
         device_upper_bytes=upper + context,
         uncertainty=uncertainty,
     )
+
+
+def _with_workspaces_taken(events: list[tuple[int, int, int]], config: AllocatorConfig, replayed: int) -> int:
+    """The smallest cap at which ``events`` run with every optional allocation (a cuDNN workspace) taken; ``replayed``
+    where the stream has none.
+
+    ``smallest_fitting_capacity`` lets a workspace fail without an OOM, as PyTorch's cuDNN code catches it and tries
+    the next algorithm (aten/src/ATen/native/cudnn/Conv_v8.cpp, ``try_configs``). What the next one takes is not
+    known: under a cap, smp's U-Net at 2048² on an H200 tried fifteen that wanted 1 GiB and ran one that took
+    833 MiB, U-Net++ at 1536² forty and ran one that took nothing (entry_traces_capped9_h200_torch2.11_20261129_s35).
+    And whether a workspace is refused can turn on a few MiB elsewhere: U-Net++'s own H200 stream needs 11.77 GB
+    with its workspaces optional, memfit's trace of it 10.95 GB, and setting nine of the trace's forward workspaces
+    to the GPU's sizes (13 -> 21 MiB, 216 -> 180 MiB, ...) moves it to 11.77 GB, none of them alone
+    (op_blocks_h200_torch2.11_20261130_s36). The bound takes the larger of the two."""
+    if not any(op == SOFT_ALLOC for op, _, _ in events):
+        return replayed
+    taken = [(ALLOC if op == SOFT_ALLOC else op, key, nbytes) for op, key, nbytes in events]
+    return max(smallest_fitting_capacity(taken, config), replayed)
 
 
 def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorConfig) -> dict[str, Any]:

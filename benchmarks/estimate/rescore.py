@@ -1,0 +1,141 @@
+"""Every GPU-measured step estimated again by this tree, set beside its measured peak and ``fits_in`` (CPU).
+
+    PYTHONPATH=src:benchmarks python benchmarks/estimate/rescore.py --out rows.jsonl -j 2     # all measured steps
+    python benchmarks/estimate/rescore.py --report rows.jsonl --out FILE.md                    # the tables
+
+The steps: every measurement folder under ``benchmarks/results/estimate`` (the corpus on H100 and H200, the zoo and
+its draws), the last folder of a name winning. A step is estimated once per GPU it was measured on, in a worker
+process that estimates many (imports once); a row per step, appended as it is done, so an interrupted run resumes
+(``--out`` is read first and its steps skipped). The report splits them as the results must be read: the corpus's
+validation half (which tuned nothing), its fit half, the zoo and each draw (which tuned nothing until their own
+report named a change made after seeing them). Needs the zoo's model libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCH = HERE.parent
+RESULTS = BENCH / "results" / "estimate"
+
+
+def steps() -> list[dict]:
+    """One per (step, GPU) measured: the last measurement folder holding it wins."""
+    found: dict[tuple[str, str], dict] = {}
+    for folder in sorted(RESULTS.glob("*measurements*")):
+        if folder.name.startswith("measurements_"):
+            continue  # the 14-workload suite: not zoo or corpus specs
+        gpu = "h100" if "_h100_" in folder.name else "h200"
+        for path in sorted(folder.glob("*.json")):
+            m = json.loads(path.read_text())
+            if not m.get("fits_in_bytes"):
+                continue
+            found[path.stem, gpu] = {
+                "name": path.stem, "gpu": gpu, "measured": str(path.relative_to(BENCH.parent)),
+                "corpus": folder.name.startswith("corpus"), "meas_fit": m["fits_in_bytes"],
+                "meas_alloc": m["peak_allocated_bytes"],
+            }
+    return list(found.values())
+
+
+def _spec(step: dict) -> str:
+    if step["corpus"]:
+        return f"{BENCH / 'corpus' / 'corpus.py'}:{step['name']}"
+    sys.path.insert(0, str(BENCH / "zoo"))
+    from registry import entries
+
+    return entries([step["name"]])[0].spec
+
+
+def _one(step: dict) -> dict:
+    from memfit.estimate.predict import estimate
+    from memfit.workload.loading import load_workload
+
+    row = dict(step)
+    started = time.perf_counter()
+    try:
+        est = estimate(load_workload(_spec(step)), gpu=step["gpu"])
+        row.update(fits_in=est.fits_in_bytes, alloc=est.peak_allocated_bytes, upper=est.fits_in_upper_bytes,
+                   reasons=[u.reason for u in est.uncertainty])
+    except BaseException as exc:  # a row, not a crash: the report counts them
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    row["seconds"] = round(time.perf_counter() - started, 2)
+    return row
+
+
+def _split() -> dict[str, str]:
+    """Corpus id -> "fit" or "validation" (benchmarks/corpus/corpus.json)."""
+    corpus = json.loads((BENCH / "corpus" / "corpus.json").read_text())
+    return {c["id"]: c["split"] for c in corpus["entries"]}
+
+
+def _set(row: dict, halves: dict[str, str]) -> str:
+    if row["corpus"]:
+        return f"corpus {halves.get(row['name'], '?')} half"
+    prefix = row["name"].split("_")[0]
+    if prefix.startswith("h") and prefix[1:].isdigit():
+        return f"draw {prefix[1:]}"
+    return "first draw (ho_)" if prefix == "ho" else "zoo"
+
+
+def report(rows: list[dict], title: str) -> str:
+    halves = _split()
+    lines = [f"# {title}", "", "| set | GPU | steps | errors | fits_in median abs | max abs | most negative | "
+             "upper below measured | upper median above |", "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((_set(r, halves), r["gpu"]), []).append(r)
+    for (name, gpu), rs in sorted(groups.items()):
+        ok = [r for r in rs if "error" not in r]
+        err = [100 * (r["fits_in"] / r["meas_fit"] - 1) for r in ok]
+        up = [100 * (r["upper"] / r["meas_fit"] - 1) for r in ok]
+        if not ok:
+            lines.append(f"| {name} | {gpu} | {len(rs)} | {len(rs)} | | | | | |")
+            continue
+        lines.append(f"| {name} | {gpu} | {len(rs)} | {len(rs) - len(ok)} | {statistics.median(map(abs, err)):.1f} % | "
+                     f"{max(map(abs, err)):.1f} % | {min(err):+.1f} % | {sum(1 for u in up if u < 0)} | "
+                     f"{statistics.median(up):+.1f} % |")
+    lines += ["", "Steps whose `fits_in` is more than 5 % off, or whose upper bound is below the measured `fits_in`:", "",
+              "| step | GPU | set | fits_in | upper | reasons |", "|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: r["name"]):
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['gpu']} | {_set(r, halves)} | error: {r['error'][:80]} | | |")
+            continue
+        e, u = r["fits_in"] / r["meas_fit"] - 1, r["upper"] / r["meas_fit"] - 1
+        if abs(e) > 0.05 or u < 0:
+            lines.append(f"| {r['name']} | {r['gpu']} | {_set(r, halves)} | {100 * e:+.1f} % | {100 * u:+.1f} % | "
+                         f"{', '.join(r['reasons'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="rows (JSON lines) to append to, or the report's Markdown file")
+    parser.add_argument("-j", type=int, default=2)
+    parser.add_argument("--report", help="the rows to report (JSON lines)")
+    parser.add_argument("--title", default="Every measured step, estimated again")
+    args = parser.parse_args()
+    if args.report:
+        rows = [json.loads(line) for line in Path(args.report).read_text().splitlines() if line.strip()]
+        Path(args.out).write_text(report(rows, args.title))
+        return
+    out = Path(args.out)
+    done = {(r["name"], r["gpu"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
+    todo = [s for s in steps() if (s["name"], s["gpu"]) not in done]
+    # max_tasks_per_child: a worker's memory grows with the traces it held
+    with cf.ProcessPoolExecutor(args.j, max_tasks_per_child=40) as pool, out.open("a") as f:
+        for row in pool.map(_one, todo):
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(row["name"], row["gpu"], row.get("error", ""), row["seconds"], flush=True)
+
+
+if __name__ == "__main__":
+    main()
