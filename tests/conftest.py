@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -69,6 +71,19 @@ class StrictFakeCuda:
         monkeypatch.setattr(torch.cuda, "memory_summary", memory_summary)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
         return self
+
+
+@pytest.fixture(autouse=True)
+def _allocator_settings_given_back():  # noqa: ANN202
+    """``Plan.apply`` turns on expandable segments for its process (``PYTORCH_CUDA_ALLOC_CONF``), as a user's script
+    wants; a test gives the setting back, so later tests' estimates (``AllocatorConfig.from_env``) replay as
+    they would alone."""
+    before = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    yield
+    if before is None:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    else:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = before
 
 
 @pytest.fixture
