@@ -16,6 +16,7 @@ from memfit.estimate.allocator import (
     SOFT_ALLOC,
     AllocatorConfig,
     CachingAllocator,
+    replay,
     smallest_fitting_capacity,
 )
 from memfit.estimate.bound import Uncertainty, upper_bound
@@ -235,6 +236,8 @@ def _with_workspaces_taken(events: list[tuple[int, int, int]], config: Allocator
     if not any(op == SOFT_ALLOC for op, _, _ in events):
         return replayed
     taken = [(ALLOC if op == SOFT_ALLOC else op, key, nbytes) for op, key, nbytes in events]
+    if replay(taken, config, capacity_bytes=replayed).oom_index is None:
+        return replayed  # no workspace was refused at the replayed cap: one replay instead of a search
     return max(smallest_fitting_capacity(taken, config), replayed)
 
 
