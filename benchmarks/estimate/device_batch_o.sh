@@ -4,6 +4,9 @@
 #       # them (op_blocks.py run), side by side on the one GPU
 #   bash benchmarks/estimate/device_batch_o.sh holdout10 NAMES   # the tenth draw measured (peaks and the smallest
 #       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
+#   bash benchmarks/estimate/device_batch_o.sh misses NAME,... MEASURE,...   # zoo steps' blocks by op (op_blocks.py)
+#       # and their uncapped allocator streams (trace_entries.py --zoo), side by side; and `memfit measure` (peaks and
+#       # the smallest cap that runs) of the MEASURE steps
 #   bash benchmarks/estimate/device_batch_o.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
@@ -16,6 +19,16 @@ case "$1" in
   holdout10)
     draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_holdout10_h200_s36.json \
       zoo_holdout10_measurements "$2"
+    ;;
+  misses)
+    timeout 300 python3 benchmarks/estimate/op_blocks.py run "$2" --out "$OUT" > "$OUT/op_blocks.log" 2>&1 &
+    timeout 400 python3 benchmarks/estimate/trace_entries.py --zoo ${2//,/ } --out "$OUT" > "$OUT/streams.log" 2>&1 &
+    for name in ${3//,/ }; do
+      spec=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks/zoo'); from registry import entries; print(entries(['$name'])[0].spec)")
+      timeout 500 python3 -m memfit.cli measure "$spec" --json > "$OUT/measure_$name.json" 2> "$OUT/measure_$name.log" &
+    done
+    wait
+    tail -n 4 "$OUT/op_blocks.log" "$OUT/streams.log"; head -c 600 "$OUT"/measure_*.json
     ;;
   tests)
     gpu_tests 570
