@@ -129,8 +129,7 @@ def main() -> None:
     out = Path(args.out)
     done = {(r["name"], r["gpu"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
     todo = [s for s in steps() if (s["name"], s["gpu"]) not in done]
-    # max_tasks_per_child: a worker's memory grows with the traces it held
-    with cf.ProcessPoolExecutor(args.j, max_tasks_per_child=40) as pool, out.open("a") as f:
+    with cf.ProcessPoolExecutor(args.j) as pool, out.open("a") as f:
         for row in pool.map(_one, todo):
             f.write(json.dumps(row) + "\n")
             f.flush()
