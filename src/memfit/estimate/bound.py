@@ -108,9 +108,10 @@ WIDTHS: dict[UncertaintyReason, float] = {
     "step_kept": 0.0,
     # the replay let cuDNN run without a workspace that did not fit (PyTorch then tries an algorithm that needs
     # less): the bound replays the step with every workspace taken instead, and adds what that needs more, in bytes
-    # (memfit.estimate.predict._with_workspaces_taken). smp's MAnet (ResNet-34, the zoo's first draw, H100) needed
-    # 5.6 % more than that replay once its upsampling charged no copy of a contiguous gradient, and 1.1 % less than
-    # this one (benchmarks/results/estimate/upsample_rule_*_s36.md; fit data)
+    # (memfit.estimate.predict._with_workspaces_taken). smp's MAnet (ResNet-34, the zoo's first draw, H100): its
+    # fits_in fell to 5.6 % under the measured cap once its upsampling charged no copy of a contiguous gradient; the
+    # replay with every workspace taken, with fits_in's margin, is 1.1 % above it, and the bound 3.9 %
+    # (benchmarks/results/estimate/upsample_rule_h200_torch2.11_20261130_s36.md; fit data)
     "workspace_fallback": 0.0,
 }
 
