@@ -7,6 +7,8 @@
 #   bash benchmarks/estimate/device_batch_o.sh misses NAME,... MEASURE,...   # zoo steps' blocks by op (op_blocks.py)
 #       # and their uncapped allocator streams (trace_entries.py --zoo), side by side; and `memfit measure` (peaks and
 #       # the smallest cap that runs) of the MEASURE steps
+#   bash benchmarks/estimate/device_batch_o.sh caps NAME=CAP,CAP NAME=CAP,...   # each zoo step run three times under
+#       # each cap (cap_repeats.py), the steps side by side
 #   bash benchmarks/estimate/device_batch_o.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
@@ -29,6 +31,15 @@ case "$1" in
     done
     wait
     tail -n 4 "$OUT/op_blocks.log" "$OUT/streams.log"; head -c 600 "$OUT"/measure_*.json
+    ;;
+  caps)
+    shift
+    for arg in "$@"; do
+      timeout 500 python3 benchmarks/estimate/cap_repeats.py "${arg%%=*}" --caps "${arg#*=}" --repeats 3 --jobs 3 \
+        --out "$OUT/cap_repeats_${arg%%=*}.json" > "$OUT/cap_repeats_${arg%%=*}.log" 2>&1 &
+    done
+    wait
+    tail -n 3 "$OUT"/cap_repeats_*.log
     ;;
   tests)
     gpu_tests 570
