@@ -227,7 +227,7 @@ def _with_workspaces_taken(events: list[tuple[int, int, int]], config: Allocator
 
     ``smallest_fitting_capacity`` lets a workspace fail without an OOM, as PyTorch's cuDNN code catches it and tries
     the next algorithm (aten/src/ATen/native/cudnn/Conv_v8.cpp, ``try_configs``). What the next one takes is not
-    known: under a cap, smp's U-Net at 2048² on an H200 tried fifteen that wanted 1 GiB and ran one that took
+    known: under a cap, smp's U-Net at 2048² on an H200 tried eighteen times a workspace of 1 GiB and ran one that took
     833 MiB, U-Net++ at 1536² forty and ran one that took nothing (entry_traces_capped9_h200_torch2.11_20261129_s35).
     And whether a workspace is refused can turn on a few MiB elsewhere: U-Net++'s own H200 stream needs 11.77 GB
     with its workspaces optional, memfit's trace of it 10.95 GB, and setting nine of the trace's forward workspaces
