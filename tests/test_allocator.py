@@ -202,6 +202,15 @@ def test_smallest_fitting_capacity_is_a_multiple_of_the_granularity() -> None:
     assert replay(events, capacity_bytes=cap - 2 * MiB).oom_index == 1
 
 
+def test_a_cap_known_to_fail_starts_the_search_and_changes_no_answer() -> None:
+    # the bound's second replay (every cuDNN workspace taken) starts above the cap it saw fail
+    events = [(A, 0, 7 * MiB), (A, 1, MiB // 3), (A, 2, 30 * MiB), (F, 0, 0), (A, 3, 12 * MiB)]
+    answer = smallest_fitting_capacity(events)
+    assert replay(events, capacity_bytes=answer - 2 * MiB).oom_index is not None
+    assert smallest_fitting_capacity(events, fails_at=answer - 2 * MiB) == answer
+    assert smallest_fitting_capacity(events, fails_at=answer - 10 * MiB) == answer
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_uncapped_peak_reserved_always_fits(seed: int) -> None:
     # smallest_fitting_capacity takes it as the upper end without replaying it (no expandable segments, no GC)

@@ -705,7 +705,7 @@ def _replay(events: Iterable[tuple[int, int, int]], config: AllocatorConfig, cap
 
 def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: AllocatorConfig = AllocatorConfig(),
                               *, granularity_bytes: int = 2 * MiB,
-                              segment_addresses: Sequence[int] | None = None) -> int:
+                              segment_addresses: Sequence[int] | None = None, fails_at: int = 0) -> int:
     """The smallest memory cap, a multiple of ``granularity_bytes``, at and above which ``events`` replay without OOM.
 
     This is what ``torch.cuda.set_per_process_memory_fraction(cap / total_memory)`` would need. Under a cap the
@@ -715,6 +715,7 @@ def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: Al
     ran under a 6.26 GB cap and ran out under 6.45-6.60 GB). So the bisection's answer is checked from above
     (``_above_every_failing_cap_exactly``): a GPU with more memory than the answer must fit too.
     ``segment_addresses``: as for ``replay`` (a recorded stream's cudaMalloc bases), for every replay it runs.
+    ``fails_at``: a cap the caller saw ``events`` run out of memory under: the bisection starts there.
     """
     if granularity_bytes <= 0:
         raise UsageError(f"granularity_bytes must be positive, got {granularity_bytes}.")
@@ -739,6 +740,7 @@ def smallest_fitting_capacity(events: Sequence[tuple[int, int, int]], config: Al
     lo = max(uncapped.peak_allocated_bytes // granularity_bytes - 1, 0)
     if lo > 0 and fits(lo):
         lo = 0
+    lo = max(lo, min(fails_at // granularity_bytes, hi - 1))
     answer = _bisect(fits, lo, hi)
     if config.garbage_collection_threshold > 0.0:
         return _above_every_failing_cap(fits, answer, top) * granularity_bytes

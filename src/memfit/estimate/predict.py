@@ -238,7 +238,7 @@ def _with_workspaces_taken(events: list[tuple[int, int, int]], config: Allocator
     taken = [(ALLOC if op == SOFT_ALLOC else op, key, nbytes) for op, key, nbytes in events]
     if replay(taken, config, capacity_bytes=replayed).oom_index is None:
         return replayed  # no workspace was refused at the replayed cap: one replay instead of a search
-    return max(smallest_fitting_capacity(taken, config), replayed)
+    return max(smallest_fitting_capacity(taken, config, fails_at=replayed), replayed)
 
 
 def _analyse(trace: Any, events: list[tuple[int, int, int]], config: AllocatorConfig) -> dict[str, Any]:
