@@ -1,8 +1,9 @@
 """What cuDNN convolutions take, forward and each backward call, on grids the calibration had left out: beyond 2^31 - 1
 elements (32-bit indexing; sets "first" and "second"), against the same convolutions just below that limit, strided
 1x1 convolutions (a ResNet's downsampling shortcut; set "strided"), which the second set found taking the input in
-fp32 below the limit too, 3x3 convolutions over 8-32² images at batch 64-1024 (set "small_wgrad"), and fp16 NCHW 3x3
-convolutions of a U-Net over 128-2048² at batch 2-4 (set "half_large").
+fp32 below the limit too, 3x3 convolutions over 8-32² images at batch 64-1024 (set "small_wgrad"), fp16 NCHW 3x3
+convolutions of a U-Net over 128-2048² at batch 2-4 (set "half_large"), and half-precision 1x1 convolutions over odd
+and even image sides of 9-65 (set "pointwise_odd").
 
 Session 33's probe (conv_int32_probe.py) found an fp32 1x1 convolution over 8 x 256 x 1024² (2^31 input elements)
 taking input + output channels-last, and the input NCHW, in forward, where nothing was taken up to 7 images. This
@@ -77,8 +78,18 @@ CASES = {
         ("3x3 32-16", 2, 32, 16, 3, 2048, (2, 4), 1),
         ("3x3 16-16", 2, 16, 16, 3, 2048, (2, 4), 1),
     ],
+    "pointwise_odd": [  # half-precision 1x1 stride-1 convolutions over odd and even image sides: the third draw's
+        # DeepLabV3-MobileNetV3 took input + output in forward at 33 x 33, batch 16, where the rule charges none
+        # (upsample_rule_h200_torch2.11_20261130_s36.md); the 2026-11-26 grid had such blocks mostly at 7 x 7
+        (f"1x1 {cin}-{cout} at {side}", 2, cin, cout, 1, side, (2, 8, 16, 32), 1)
+        for side in (9, 16, 17, 32, 33, 64, 65)
+        for cin, cout in ((80, 184), (480, 112), (672, 160), (960, 160), (960, 256), (1280, 256), (256, 64),
+                          (64, 256), (2048, 512), (512, 2048), (256, 256))
+    ],
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SETS = {"pointwise_odd": (("fp16", "bf16"), ("nchw",))}
+"""Sets from session 36 on: the precisions and layouts each runs (the older sets' skips are in ``main``)."""
 
 
 def _took(run) -> tuple[float, int]:
@@ -132,9 +143,11 @@ def main() -> None:
     rows = []
     meta = dict(card=torch.cuda.get_device_name(0), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                 date=time.strftime("%Y-%m-%d"), benchmark=False, int_max=INT_MAX, cases=args.cases)
+    dtypes, layouts = SETS.get(args.cases, (("fp32", "bf16", "fp16"), ("channels_last", "nchw")))
     for name, dims, cin, cout, k, side, batches, stride in CASES[args.cases]:
-        for dtype in ("fp32", "bf16", "fp16"):
-            if dtype == "fp16" and args.cases != "half_large" and name not in ("1x1 input", "3x3 both"):
+        for dtype in dtypes:
+            if (args.cases not in SETS and dtype == "fp16" and args.cases != "half_large"
+                    and name not in ("1x1 input", "3x3 both")):
                 continue
             if dtype == "bf16" and args.cases == "strided" and dims == 3:
                 continue
@@ -142,7 +155,7 @@ def main() -> None:
                 continue
             if args.cases == "half_large" and dtype != "fp16":
                 continue
-            for layout in ("channels_last", "nchw") if dims > 1 else ("nchw",):
+            for layout in layouts if dims > 1 else ("nchw",):
                 if args.cases in ("strided", "small_wgrad") and dtype != "fp32" and layout == "channels_last":
                     continue
                 if args.cases == "small_wgrad" and layout == "channels_last" and side != 16:

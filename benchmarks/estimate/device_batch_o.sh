@@ -9,6 +9,7 @@
 #       # the smallest cap that runs) of the MEASURE steps
 #   bash benchmarks/estimate/device_batch_o.sh caps NAME=CAP,CAP NAME=CAP,...   # each zoo step run three times under
 #       # each cap (cap_repeats.py), the steps side by side
+#   bash benchmarks/estimate/device_batch_o.sh grid SET   # conv_grid.py --cases SET
 #   bash benchmarks/estimate/device_batch_o.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, gpu_test_files, draw_measurements
@@ -40,6 +41,11 @@ case "$1" in
     done
     wait
     tail -n 3 "$OUT"/cap_repeats_*.log
+    ;;
+  grid)
+    timeout 560 python3 benchmarks/estimate/conv_grid.py --cases "$2" --out "$OUT" --budget-s 500 \
+      > "$OUT/grid_$2.log" 2>&1
+    tail -n 2 "$OUT/grid_$2.log" | cut -c1-300
     ;;
   tests)
     gpu_tests 570
