@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -54,14 +55,17 @@ def _spec(step: dict) -> str:
     return entries([step["name"]])[0].spec
 
 
-def _one(step: dict) -> dict:
+def _one(step: dict, precisions: tuple[str, ...] = ()) -> dict | None:
     from memfit.estimate.predict import estimate
     from memfit.workload.loading import load_workload
 
     row = dict(step)
     started = time.perf_counter()
     try:
-        est = estimate(load_workload(_spec(step)), gpu=step["gpu"])
+        workload = load_workload(_spec(step))
+        if precisions and workload.precision not in precisions:
+            return None
+        est = estimate(workload, gpu=step["gpu"])
         row.update(fits_in=est.fits_in_bytes, alloc=est.peak_allocated_bytes, upper=est.fits_in_upper_bytes,
                    reasons=[u.reason for u in est.uncertainty])
     except BaseException as exc:  # a row, not a crash: the report counts them
@@ -121,6 +125,8 @@ def main() -> None:
     parser.add_argument("-j", type=int, default=2)
     parser.add_argument("--report", help="the rows to report (JSON lines)")
     parser.add_argument("--title", default="Every measured step, estimated again")
+    parser.add_argument("--precision", default="", help="only these precisions (comma-separated: a change that only "
+                        "half precision can feel)")
     args = parser.parse_args()
     if args.report:
         rows = [json.loads(line) for line in Path(args.report).read_text().splitlines() if line.strip()]
@@ -129,8 +135,11 @@ def main() -> None:
     out = Path(args.out)
     done = {(r["name"], r["gpu"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
     todo = [s for s in steps() if (s["name"], s["gpu"]) not in done]
+    precisions = tuple(p for p in args.precision.split(",") if p)
     with cf.ProcessPoolExecutor(args.j) as pool, out.open("a") as f:
-        for row in pool.map(_one, todo):
+        for row in pool.map(partial(_one, precisions=precisions), todo):
+            if row is None:
+                continue
             f.write(json.dumps(row) + "\n")
             f.flush()
             print(row["name"], row["gpu"], row.get("error", ""), row["seconds"], flush=True)
