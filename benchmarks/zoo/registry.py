@@ -24,6 +24,7 @@ MODULES = (
     "holdout8.py",
     "holdout9.py",
     "holdout10.py",
+    "holdout11.py",
 )
 """The family modules, in report order."""
 
