@@ -4,6 +4,7 @@
 #       # them (op_blocks.py run), side by side on the one GPU
 #   bash benchmarks/estimate/device_batch_o.sh holdout10 NAMES   # the tenth draw measured (peaks and the smallest
 #       # cap that runs, device_zoo.sh) from its committed predictions; ZOO_DONE=FOLDER resumes an earlier call's
+#   bash benchmarks/estimate/device_batch_o.sh holdout11 NAMES   # the eleventh draw, the same way
 #   bash benchmarks/estimate/device_batch_o.sh misses NAME,... MEASURE,...   # zoo steps' blocks by op (op_blocks.py)
 #       # and their uncapped allocator streams (trace_entries.py --zoo), side by side; and `memfit measure` (peaks and
 #       # the smallest cap that runs) of the MEASURE steps
@@ -22,6 +23,10 @@ case "$1" in
   holdout10)
     draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_holdout10_h200_s36.json \
       zoo_holdout10_measurements "$2"
+    ;;
+  holdout11)
+    draw_measurements benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_holdout11_h200_s36.json \
+      zoo_holdout11_measurements "$2"
     ;;
   misses)
     timeout 300 python3 benchmarks/estimate/op_blocks.py run "$2" --out "$OUT" > "$OUT/op_blocks.log" 2>&1 &
