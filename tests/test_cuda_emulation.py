@@ -1,6 +1,5 @@
 import math
 from collections.abc import Iterator
-from functools import partial
 
 import pytest
 import torch
@@ -1011,35 +1010,6 @@ def test_a_channels_last_upsampling_backward_on_cuda_copies_nothing() -> None:
     out = torch.ops.aten.upsample_bilinear2d_backward(g, (96, 96), (4, 64, 48, 48), False)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before == out.nbytes
-
-
-def test_a_half_precision_pointwise_forward_over_odd_pixels_is_charged_the_conversion_or_bounded():
-    # the grids (POINTWISE_ODD_*): input + output over an odd number of pixels from batch 8 and 128 input channels;
-    # an even number takes none; the other odd calls may take it, which the bound adds
-    from memfit.estimate.workspaces import conv_workspace_bytes, conv_workspace_unsure_bytes
-
-    def both(n: int, cin: int, side: int) -> tuple[int, int]:
-        x, w, y = (n, cin, side, side), (160, cin, 1, 1), (n, 160, side, side)
-        call = dict(itemsize=2, stride=(1, 1), groups=1, transposed=False, half=True, backward=False, fp16=True)
-        return conv_workspace_bytes(x, w, y, **call), conv_workspace_unsure_bytes(x, w, y, **call)
-
-    io = 16 * (960 + 160) * 33 * 33 * 2
-    assert both(16, 960, 33) == (io, 0)  # DeepLabV3-MobileNetV3's: 39,029,776 B on the H200
-    assert both(16, 960, 32) == (0, 0)
-    assert both(2, 960, 33) == (0, 2 * (960 + 160) * 33 * 33 * 2)
-    assert both(16, 64, 33) == (0, 16 * (64 + 160) * 33 * 33 * 2)
-    assert both(16, 960, 1) == (0, 0)  # a squeeze-excitation layer's single pixel
-
-
-@pytest.mark.gpu
-def test_a_half_precision_pointwise_forward_on_cuda_converts_over_odd_pixels() -> None:
-    # the rule's charged case and its even neighbour, alone on the GPU (conv_grid's pointwise_odd set)
-    w = torch.randn(160, 960, 1, 1, device="cuda", dtype=torch.float16)
-    for side in (33, 32):
-        x = torch.randn(16, 960, side, side, device="cuda", dtype=torch.float16)
-        took = _cuda_transient(partial(torch.ops.aten.convolution, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1))
-        io = (x.numel() + 16 * 160 * side * side) * 2
-        assert (took >= io) == (side % 2 == 1), (side, took, io)
 
 
 @pytest.mark.gpu

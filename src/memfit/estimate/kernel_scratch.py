@@ -379,10 +379,6 @@ def conv_workspace(trace: Trace, where: str, x: torch.Tensor, w: torch.Tensor, y
         unsure = ws.conv_workspace_unsure_bytes(x.shape, w.shape, y.shape, **call)
         if groups > 1:
             what = f"the gradient of a grouped convolution ({groups} groups) over {tuple(x.shape[2:])} in fp16"
-        elif half and not backward:
-            what = (f"the forward of a half-precision 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
-                    f"{tuple(x.shape[2:])}, an odd number of pixels, which took input + output on 198 of 448 such "
-                    "calls of the grids")
         elif half:
             what = (f"the filter gradient of a 1x1 convolution {w.shape[1]} -> {w.shape[0]} channels over "
                     f"{tuple(x.shape[2:])} in half precision")

@@ -521,9 +521,6 @@ def conv_workspace_unsure_bytes(input_shape: Sequence[int], weight_shape: Sequen
     erratic on a calibration grid (``pointwise_half_unsure_bytes``, ``pointwise_fp32_forward_unsure_bytes``); 0
     elsewhere. Same arguments."""
     if not backward:
-        if (_is_pointwise_half(weight_shape, groups=groups, transposed=transposed, half=half)
-                and all(x == 1 for x in stride) and pointwise_half_odd_forward(input_shape, charged=False)):
-            return _padded_nbytes(input_shape, itemsize) + _padded_nbytes(output_shape, itemsize)
         return pointwise_fp32_forward_unsure_bytes(input_shape, weight_shape, output_shape, itemsize=itemsize,
                                                    stride=stride, groups=groups, transposed=transposed, half=half)
     if groups > 1 and fp16 and not transposed:
@@ -589,38 +586,13 @@ cudnn_calibration_conv_head_half_h200_torch2.11_20261127.json; a fit-side bf16 U
 s1327_unet_r500). The estimate keeps its rule; the bound adds 2.1 x input + output + 8 MiB."""
 
 
-POINTWISE_ODD_MIN_BATCH, POINTWISE_ODD_MIN_CIN = 8, 128
-"""A stride-1 half-precision 1x1 convolution over an odd number of pixels per image (7 x 7, 33 x 33: a DeepLab's
-features of a 513² crop) took input + output in forward, erratically: on 198 of 448 such calls of two H200 grids
-(cudnn_calibration_conv_pointwise_half_h200_torch2.11_20261126.json, sides 4-512;
-conv_grid_pointwise_odd_h200_torch2.11_20261130_s36.json, sides 9-65), against 14 of 840 over an even number. From
-batch 8 and 128 input channels it is charged (180 of the 198, and 84 calls that took nothing); the bound adds it to
-the others (``pointwise_half_odd_forward``). Found on the third draw's DeepLabV3-MobileNetV3, whose 1x1 convolutions
-at 33 x 33, batch 16, took 8-51 MiB each in its H200 stream (op_blocks_h200_torch2.11_20261130_s36)."""
-
-
-def _odd_pixels(input_shape: Sequence[int]) -> bool:
-    pixels = math.prod(input_shape[2:])
-    return pixels > 1 and pixels % 2 == 1
-
-
-def pointwise_half_odd_forward(input_shape: Sequence[int], *, charged: bool) -> bool:
-    """Whether the forward of a stride-1 half-precision 1x1 convolution over ``input_shape`` is charged the conversion
-    block (``charged``), or may take one the estimate does not charge (not ``charged``): ``POINTWISE_ODD_*``."""
-    if not _odd_pixels(input_shape):
-        return False
-    likely = input_shape[0] >= POINTWISE_ODD_MIN_BATCH and input_shape[1] >= POINTWISE_ODD_MIN_CIN
-    return likely if charged else not likely
-
-
 def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int], output_shape: Sequence[int], *,
                           itemsize: int, stride: Sequence[int], backward: bool, fp16: bool = False) -> int:
     """What a 2-D 1x1 half-precision convolution call takes.
 
     * Strided (ResNet's shortcuts): the layout conversion of every other convolution, in forward and in both
       backward calls (input + output + weight: 1.0-1.1 x in+out on all 112 strided shapes).
-    * Stride 1, forward: none (a GEMM on the NCHW data; none on 615 of 664 calls), but over an odd number of pixels
-      per image from batch 8 and 128 input channels, input + output (``POINTWISE_ODD_*``).
+    * Stride 1, forward: none (a GEMM on the NCHW data; none on 615 of 664 calls).
     * Stride 1, backward: the filter gradient sums per image in fp32 first, batch x Cin x Cout x 4 bytes
       (mobilenet_v3's 160 -> 960 at 4 x 4, batch 48: 29.5 MB in corpus fit entry c001's H100 stream), except below
       28 x 28 when those sums are large (then at most input + output), and for narrow inputs (<= 24 channels) at
@@ -642,7 +614,7 @@ def _pointwise_half_bytes(input_shape: Sequence[int], weight_shape: Sequence[int
     if any(s > 1 for s in stride):
         return io + _nbytes(weight_shape, itemsize)
     if not backward:
-        return io if pointwise_half_odd_forward(input_shape, charged=True) else 0
+        return 0
     n, cin = input_shape[0], input_shape[1]
     partial_sums = n * cin * weight_shape[0] * 4
     pixels = math.prod(input_shape[2:])
