@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "zoo"))
-from replay_capped import _events  # noqa: E402
+from replay_capped import _events, short_lived  # noqa: E402
 
 OPTIMIZER_FRAMES = ("unscale_", "adam", "sgd", "optim", "lamb", "lion")
 
@@ -83,15 +83,7 @@ def main() -> None:
 
     with tarfile.open(args.archive) as tar:
         raw = json.loads(gzip.decompress(tar.extractfile(f"{args.name}.json.gz").read()))["events"]  # type: ignore[union-attr]
-    made: dict[int, int] = {}
-    brief = set()  # the stream's allocs (by index) freed within two events
-    for i, e in enumerate(raw):
-        if e[0] == "alloc":
-            made[e[1]] = i
-        elif e[0] == "free_completed" and e[1] in made:
-            at = made.pop(e[1])
-            if i - at <= 2:
-                brief.add(at)
+    brief = short_lived(raw)
     gpu = [(2 if op == 1 and key in brief and n >= 1 << 20 else op, key, n) for op, key, n in _events(raw)]
     trace = trace_workload(load_workload(entries([args.name])[0].spec), gpu_spec(args.gpu))
     ours = trace.events()

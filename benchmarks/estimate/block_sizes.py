@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "zoo"))
-from replay_capped import _events  # noqa: E402
+from replay_capped import _events, short_lived  # noqa: E402
 
 MiB = 1 << 20
 
@@ -46,13 +46,7 @@ def main() -> None:
     ours = list(trace_workload(load_workload(entries([args.name])[0].spec), gpu_spec(args.gpu)).events())
     print(f"smallest fitting cap: GPU stream {smallest_fitting_capacity(gpu) / 1e9:.4f} GB, "
           f"memfit's trace {smallest_fitting_capacity(ours) / 1e9:.4f} GB")
-    made: dict[int, int] = {}
-    brief: Counter[int] = Counter()
-    for i, e in enumerate(raw):
-        if e[0] == "alloc":
-            made[e[1]] = i
-        elif e[0] == "free_completed" and e[1] in made and i - made.pop(e[1]) <= 2:
-            brief[e[2] >> 20] += 1
+    brief = Counter(raw[key][2] >> 20 for key in short_lived(raw))
     floor = args.min_mib * MiB
     g = Counter(n >> 20 for op, _, n in gpu if op == 1 and n >= floor)
     o = Counter(n >> 20 for op, _, n in ours if op in (1, 2) and n >= floor)

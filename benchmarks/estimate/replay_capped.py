@@ -36,6 +36,21 @@ def _events(recorded: list) -> list[tuple[int, int, int]]:
     return events
 
 
+def short_lived(recorded: list) -> set[int]:
+    """The recorded stream's allocs (their index, the key ``_events`` gives them) whose completed free came within
+    two events: a library's workspace or a kernel's scratch."""
+    made: dict[int, int] = {}  # address -> index of the alloc there
+    found = set()
+    for i, (action, addr, *_) in enumerate(recorded):
+        if action == "alloc":
+            made[addr] = i
+        elif action == "free_completed" and addr in made:
+            at = made.pop(addr)
+            if i - at <= 2:
+                found.add(at)
+    return found
+
+
 def main() -> None:
     for path in map(Path, sys.argv[1:]):
         cap_text = re.search(r"_cap(\d+)\.json\.gz$", path.name).group(1)

@@ -25,6 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
 RESULTS = BENCH / "results" / "estimate"
+sys.path.insert(0, str(BENCH / "zoo"))
 
 
 def steps() -> list[dict]:
@@ -49,7 +50,6 @@ def steps() -> list[dict]:
 def _spec(step: dict) -> str:
     if step["corpus"]:
         return f"{BENCH / 'corpus' / 'corpus.py'}:{step['name']}"
-    sys.path.insert(0, str(BENCH / "zoo"))
     from registry import entries
 
     return entries([step["name"]])[0].spec

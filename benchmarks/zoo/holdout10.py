@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import adamw, ce, hf_model, monai_loss, monai_net, volumes  # noqa: E402
+from recipes import adamw, ce, double_conv, hf_model, monai_loss, monai_net, volumes  # noqa: E402
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -141,11 +141,6 @@ h10_monai_segresnet_nontrainable_160_bf16 = Workload(
 
 # --- plain torch ---------------------------------------------------------------------------------------------------
 
-def _block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                         nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
-
-
 class _AdditiveUNet(nn.Module):
     """A U-Net whose skips are added, not concatenated (as in LinkNet-style and residual U-Nets): each decoder stage
     upsamples by nearest neighbour, adds the encoder's features and refines them."""
@@ -155,10 +150,10 @@ class _AdditiveUNet(nn.Module):
         self.enc = nn.ModuleList()
         c = bands
         for w in widths:
-            self.enc.append(_block(c, w))
+            self.enc.append(double_conv(c, w))
             c = w
         self.lateral = nn.ModuleList(nn.Conv2d(widths[i + 1], widths[i], 1) for i in range(len(widths) - 1))
-        self.dec = nn.ModuleList(_block(widths[i], widths[i]) for i in range(len(widths) - 1))
+        self.dec = nn.ModuleList(double_conv(widths[i], widths[i]) for i in range(len(widths) - 1))
         self.head = nn.Conv2d(widths[0], classes, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

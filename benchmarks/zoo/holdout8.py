@@ -28,7 +28,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from monai_models import _DICE_CE, _adamw, _dynunet_loss  # noqa: E402
 from nnunet_models import _ds_loss, _nnunet_sgd, _unet  # noqa: E402
-from recipes import adamw, ce, monai_loss, monai_net, volumes  # noqa: E402
+from recipes import adamw, ce, double_conv, monai_loss, monai_net, volumes  # noqa: E402
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -184,11 +184,6 @@ h8_tv_mvit_v2_s_bf16 = Workload(
 
 # --- plain torch ---------------------------------------------------------------------------------------------------
 
-def _double_conv(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv3d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm3d(cout), nn.ReLU(inplace=True),
-                         nn.Conv3d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm3d(cout), nn.ReLU(inplace=True))
-
-
 class _UNet3d(nn.Module):
     """A 3-D U-Net (Çiçek et al.): four levels of two 3x3x3 convolutions with batch norm, max-pool down, transposed
     2x2x2 convolutions up, skip connections concatenated."""
@@ -199,15 +194,15 @@ class _UNet3d(nn.Module):
         self.down = nn.ModuleList()
         c = cin
         for w in widths:
-            self.down.append(_double_conv(c, w))
+            self.down.append(double_conv(c, w, dims=3))
             c = w
-        self.bottom = _double_conv(widths[-1], widths[-1] * 2)
+        self.bottom = double_conv(widths[-1], widths[-1] * 2, dims=3)
         self.up = nn.ModuleList()
         self.dec = nn.ModuleList()
         c = widths[-1] * 2
         for w in reversed(widths):
             self.up.append(nn.ConvTranspose3d(c, w, 2, stride=2))
-            self.dec.append(_double_conv(2 * w, w))
+            self.dec.append(double_conv(2 * w, w, dims=3))
             c = w
         self.head = nn.Conv3d(base, classes, 1)
 

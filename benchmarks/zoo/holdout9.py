@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import adamw, ce, hf_model, timm_model  # noqa: E402
+from recipes import adamw, ce, double_conv, hf_model, timm_model  # noqa: E402
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -121,11 +121,6 @@ h9_timm_convnext_t_1024_bf16 = Workload(
 
 # --- plain torch ---------------------------------------------------------------------------------------------------
 
-def _stage(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                         nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
-
-
 class _SiameseChangeUNet(nn.Module):
     """Change detection on two dates of one tile (FC-Siam-diff): one encoder for both dates, the absolute difference
     of their features at each level as the decoder's skip connections, bilinear upsampling."""
@@ -135,9 +130,9 @@ class _SiameseChangeUNet(nn.Module):
         self.enc = nn.ModuleList()
         c = bands
         for w in widths:
-            self.enc.append(_stage(c, w))
+            self.enc.append(double_conv(c, w))
             c = w
-        self.dec = nn.ModuleList(_stage(widths[i + 1] + widths[i], widths[i]) for i in reversed(range(len(widths) - 1)))
+        self.dec = nn.ModuleList(double_conv(widths[i + 1] + widths[i], widths[i]) for i in reversed(range(len(widths) - 1)))
         self.head = nn.Conv2d(widths[0], 2, 1)
 
     def _encode(self, x: torch.Tensor) -> list[torch.Tensor]:

@@ -72,6 +72,14 @@ def tv_model(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
     return build
 
 
+def double_conv(cin: int, cout: int, dims: int = 2) -> torch.nn.Sequential:
+    """A U-Net stage: two 3 x 3 (x 3) convolutions without bias, each followed by batch norm and an in-place ReLU."""
+    conv = torch.nn.Conv3d if dims == 3 else torch.nn.Conv2d
+    norm = torch.nn.BatchNorm3d if dims == 3 else torch.nn.BatchNorm2d
+    return torch.nn.Sequential(conv(cin, cout, 3, padding=1, bias=False), norm(cout), torch.nn.ReLU(inplace=True),
+                               conv(cout, cout, 3, padding=1, bias=False), norm(cout), torch.nn.ReLU(inplace=True))
+
+
 def monai_net(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
     """A network of ``monai.networks.nets``."""
     def build() -> torch.nn.Module:
