@@ -209,6 +209,10 @@ def test_a_cap_known_to_fail_starts_the_search_and_changes_no_answer() -> None:
     assert replay(events, capacity_bytes=answer - 2 * MiB).oom_index is not None
     assert smallest_fitting_capacity(events, fails_at=answer - 2 * MiB) == answer
     assert smallest_fitting_capacity(events, fails_at=answer - 10 * MiB) == answer
+    # a small block's 20 MiB segment, then 40 MiB: 40 MiB fits (the cached segment flushed), 60 MiB uncapped
+    flushed = [(A, 0, 2 * MiB), (F, 0, 0), (A, 1, 40 * MiB), (F, 1, 0)]
+    assert replay(flushed).peak_reserved_bytes == 60 * MiB
+    assert smallest_fitting_capacity(flushed) == smallest_fitting_capacity(flushed, fails_at=38 * MiB) == 40 * MiB
 
 
 @pytest.mark.parametrize("seed", range(6))
