@@ -143,7 +143,9 @@ def markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                                                           if k != "torch") + "). "
         f"One fresh `python -m memfit.cli estimate benchmarks/zoo/<module>.py:NAME --json --gpu {s['gpu']}` "
         f"process per entry, {s['timeout_s']:.0f} s timeout, {s['jobs']} at a time (wall times include imports "
-        "and the other jobs sharing the cores). Script: `benchmarks/trace_coverage.py`.",
+        "and the other jobs sharing the cores). Script: `benchmarks/trace_coverage.py`."
+        + (f" Every estimate ran with `PYTORCH_CUDA_ALLOC_CONF={s['allocator_conf']}`."
+           if s.get("allocator_conf") else ""),
         "",
         "## Totals per library",
         "",
@@ -188,6 +190,8 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     return {
         "date": dt.date.today().isoformat(), "gpu": args.gpu, "timeout_s": args.timeout, "jobs": args.jobs,
         "machine": f"{os.cpu_count()}-core CPU machine without a GPU", "versions": _versions(),
+        # every estimate inherits it and replays under it (AllocatorConfig.from_env)
+        "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "total": len(rows), "traced": sum(bool(r["traced"]) for r in rows),
         "by_library": {k: {**v, "classes": dict(v["classes"].most_common())} for k, v in by_lib.items()},
         "by_class": dict(sorted(by_class.items(), key=lambda kv: -len(kv[1]))),

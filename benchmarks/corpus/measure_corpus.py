@@ -308,7 +308,9 @@ def main() -> None:
     pool_bytes = device["total_bytes"] - int(args.reserve_gib * GIB)
     skipped = {e.id: e.skip for e in chosen if e.skip}
     meta = {**device, "date": dt.date.today().isoformat(), "concurrency": args.concurrency,
-            "tolerance": args.tolerance}
+            "tolerance": args.tolerance,
+            # every trial inherits it (run_trial): a draw under the settings users set (zoo/allocator_draw.py)
+            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
 
     states: dict[str, EntryState] = {}
     for e in chosen:
