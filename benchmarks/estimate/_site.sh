@@ -2,7 +2,11 @@
 # corpus's model libraries the device lacks) installed into /tmp/site, PYTHONPATH set to them and src, and the card,
 # torch and cuDNN versions written to $OUT/card.txt (what every result is filed under).
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # once per machine: a script sourced again by the scripts it starts (device_zoo.sh) finds them there
+  if [ ! -e /tmp/site/.installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    touch /tmp/site/.installed
+  fi
   export PYTHONPATH=/tmp/site:$PWD/src
 else
   export PYTHONPATH=$PWD/src
@@ -19,7 +23,9 @@ gpu_test_files() {
 }
 
 # A fresh draw's entries $3 (comma-separated) measured by device_zoo.sh from its committed predictions $1, the
-# results folder named for $2 (ZOO_BUDGET_S seconds, default 520; ZOO_DONE resumes an earlier call's folder).
+# results folder named for $2 (ZOO_BUDGET_S seconds, default 520; ZOO_DONE resumes an earlier call's folder;
+# ZOO_RESERVE_GIB leaves GPU memory to a draw measured beside it). Any session's device script can call it as
+#   draw) draw_measurements "$2" "$3" "$4" ;;   # draw COVERAGE_JSON KIND NAMES
 draw_measurements() {
   ZOO_COVERAGE=$1 ZOO_KIND=$2 ZOO_BUDGET_S=${ZOO_BUDGET_S:-520} bash benchmarks/estimate/device_zoo.sh "$3"
 }
