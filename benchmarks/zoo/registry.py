@@ -25,6 +25,7 @@ MODULES = (
     "holdout9.py",
     "holdout10.py",
     "holdout11.py",
+    "cudnn_benchmark.py",
 )
 """The family modules, in report order."""
 
