@@ -107,6 +107,28 @@ def test_check_above_finds_the_smallest_cap_at_and_above_which_it_runs(window: t
     assert sum(t["cap_bytes"] > state.bisected_bytes for t in state.trials) >= (6 if window is None else 1)
 
 
+def test_without_the_floor_the_bisection_goes_below_the_uncapped_peak() -> None:
+    """cuDNN's benchmark mode takes what memory it is given: uncapped the step peaks at 80 GiB, under any cap from 15
+    GiB up it runs. With the floor the answer cannot go below the uncapped peak; without it the bisection finds 15
+    GiB, to a tolerance of the hint."""
+    pool, need, greedy = 120 * GIB, 15 * GIB, 80 * GIB
+
+    def measure(floor: bool) -> measure_corpus.EntryState:
+        state = measure_corpus.EntryState(id="x", hint_bytes=16 * GIB, guess_bytes=16 * GIB, floor=floor)
+        while (cap := state.next_cap(pool, bisect=True)) is not None:
+            ok, bound = cap >= need, cap < greedy  # a cap under the greedy peak binds: retries, not an OOM
+            state.record({"ok": ok, "cap_bytes": cap, "peak_allocated_bytes": min(cap, greedy) if ok else 0,
+                          "peak_reserved_bytes": min(cap, greedy) if ok else 0, "outside_allocator_bytes": 0,
+                          "num_alloc_retries": int(bound), "elapsed_s": 1.0,
+                          "error": "" if ok else "CUDA out of memory. Tried to allocate 2.00 MiB."}, pool)
+            assert len(state.trials) < 40
+        return state
+
+    assert measure(floor=True).hi >= greedy - 1
+    state = measure(floor=False)
+    assert need <= state.hi <= need + int(0.005 * 16 * GIB)
+
+
 def test_first_run_whose_cap_bound_is_repeated_with_twice_the_cap() -> None:
     state = measure_corpus.EntryState(id="x", hint_bytes=None, guess_bytes=GIB)
     first = state.next_cap(80 * GIB, bisect=True)

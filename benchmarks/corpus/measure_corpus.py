@@ -110,6 +110,11 @@ class EntryState:
     above_spacing: int = 0
     bisected_bytes: int | None = None
     """The bisection's answer before the check above (``fits_in`` when no cap above failed)."""
+    floor: bool = True
+    """Whether the uncapped run's peak allocated bounds the answer from below (a cap under it cannot fit). Not where
+    the step takes what memory it is given: cuDNN's benchmark mode sizes its algorithm search by what the allocator
+    can grant, so FCN-ResNet101 peaked at 83.6 GB uncapped and ran under a 25.5 GB cap (session 37); the bisection
+    then starts from 0 and its tolerance is a fraction of the hint (the prediction) instead of that peak."""
 
     def next_cap(self, pool_bytes: int, bisect: bool) -> int | None:
         """The cap of this entry's next trial, or None when it is finished (``done`` / ``error`` set)."""
@@ -149,8 +154,10 @@ class EntryState:
         if self.first is None:
             if trial["ok"] and trial["num_alloc_retries"] == 0:
                 self.first = trial  # the cap never bound: an uncapped run's peaks
-                self.lo, self.hi = trial["peak_allocated_bytes"] - 1, trial["peak_reserved_bytes"]
-                self.step = max(int(self.tolerance * trial["peak_allocated_bytes"]), 2 << 20)
+                self.lo = trial["peak_allocated_bytes"] - 1 if self.floor else 0
+                self.hi = trial["peak_reserved_bytes"]
+                scale = trial["peak_allocated_bytes"] if self.floor or not self.hint_bytes else self.hint_bytes
+                self.step = max(int(self.tolerance * scale), 2 << 20)
                 self.gallop = 2 * self.step
                 if self.hint_bytes is None or not self.lo < self.hint_bytes < self.hi:
                     self.hint_result, self.gallop = False, 0
@@ -288,6 +295,9 @@ def main() -> None:
     parser.add_argument("--check-above", type=int, default=0, metavar="N",
                         help="after bisecting, try N caps above the answer (EntryState.check_above); finished "
                              "records without that check are taken up again from their trials")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="steps whose allocations grow with the memory they are given (cudnn.benchmark): "
+                             "bisect from 0, not from the uncapped peak allocated (EntryState.floor)")
     parser.add_argument("--fresh", action="store_true",
                         help="measure again: resume only from --out and --done, not from the committed results")
     args = parser.parse_args()
@@ -308,7 +318,7 @@ def main() -> None:
     pool_bytes = device["total_bytes"] - int(args.reserve_gib * GIB)
     skipped = {e.id: e.skip for e in chosen if e.skip}
     meta = {**device, "date": dt.date.today().isoformat(), "concurrency": args.concurrency,
-            "tolerance": args.tolerance,
+            "tolerance": args.tolerance, "floor": not args.no_floor,
             # every trial inherits it (run_trial): a draw under the settings users set (zoo/allocator_draw.py)
             "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
 
@@ -326,7 +336,7 @@ def main() -> None:
             continue
         hint = e.hint_bytes
         state = EntryState(id=e.id, hint_bytes=hint, guess_bytes=e.guess_bytes, tolerance=args.tolerance,
-                           check_above=args.check_above)
+                           check_above=args.check_above, floor=not args.no_floor)
         if finished is not None:  # a peaks-only or unchecked record: its trials seed the bisection
             for trial in finished.get("trials", []):
                 if not trial.get("physical_oom"):

@@ -4,6 +4,7 @@
 #       # each group's steps measured (peaks and the smallest cap that runs) under its PYTORCH_CUDA_ALLOC_CONF, from
 #       # its committed predictions; two groups side by side, each leaving the other half of the GPU
 #   bash benchmarks/estimate/device_batch_p.sh draw COVERAGE_JSON KIND NAMES   # any fresh draw, the same way
+#       # (ZOO_EXTRA=--no-floor: steps that take what memory they are given, the thirteenth draw's cudnn.benchmark)
 #   bash benchmarks/estimate/device_batch_p.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements

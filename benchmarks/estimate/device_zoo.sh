@@ -21,6 +21,7 @@ print(stem('${ZOO_KIND:-zoo_measurements}', card(torch.cuda.get_device_name(0)),
 COMMON=(--zoo "$COVERAGE" --out "$DEST" --concurrency 12 --reserve-gib "${ZOO_RESERVE_GIB:-6}")
 LOG="$OUT/${ZOO_KIND:-zoo}"
 if [ -n "${ZOO_DONE:-}" ]; then COMMON+=(--done "$ZOO_DONE"); fi  # an earlier call's folder, committed
+if [ -n "${ZOO_EXTRA:-}" ]; then COMMON+=($ZOO_EXTRA); fi  # more measure_corpus.py options (--no-floor)
 if [ $# -ge 1 ]; then  # $1: the entries left, comma-separated
   BUDGET=${ZOO_BUDGET_S:-490}
   timeout $((BUDGET + 30)) python3 benchmarks/corpus/measure_corpus.py "${COMMON[@]}" --ids "$1" --budget-s "$BUDGET" \
