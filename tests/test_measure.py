@@ -108,3 +108,30 @@ def test_the_bisection_is_checked_from_above(monkeypatch: pytest.MonkeyPatch) ->
     assert any(c is not None and 3600 * mib <= c < 3760 * mib for c in caps)
     monkeypatch.setattr(measure, "ABOVE_TRIALS", 0)
     assert measure.measure("mlp").fits_in_bytes < 3600 * mib  # without the check: below a cap that fails
+
+
+@pytest.mark.parametrize("hint", [None, 15 << 30])
+def test_a_step_in_cudnn_benchmark_mode_is_bisected_below_its_uncapped_peak(monkeypatch: pytest.MonkeyPatch,
+                                                                              hint: int | None) -> None:
+    # cudnn.benchmark sizes its algorithm search by what the allocator grants: uncapped the step peaks at 80 GiB,
+    # under any cap from 14 GiB it runs (FCN-ResNet101 on an H200: 83.6 GB uncapped, ran under 15.4 GB)
+    import torch
+
+    need, greedy = (14 << 30) + (123 << 20), 80 << 30
+
+    def fake_trial(spec: str, *, cap_bytes: int | None = None, **kwargs: object) -> Trial:
+        ok = cap_bytes is None or cap_bytes >= need
+        peak = greedy if cap_bytes is None else min(cap_bytes, greedy)
+        return Trial(ok=ok, cap_bytes=cap_bytes, peak_allocated_bytes=peak if ok else 0,
+                     peak_reserved_bytes=peak if ok else 0, outside_allocator_bytes=500 << 20,
+                     num_alloc_retries=int(cap_bytes is not None), elapsed_s=1.0, cudnn_benchmark=True)
+
+    class Props:
+        name, total_memory = "a fake GPU", 141 << 30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    monkeypatch.setattr(measure, "run_trial", fake_trial)
+    result = measure.measure("mlp", hint_bytes=hint)
+    assert result.cudnn_benchmark and result.peak_allocated_bytes == greedy
+    assert need <= result.fits_in_bytes <= need * 1.005 + (2 << 20)  # tolerance of its answer, not of the peak

@@ -44,6 +44,8 @@ class Trial(JsonRecord):
     num_alloc_retries: int
     elapsed_s: float
     error: str = ""
+    cudnn_benchmark: bool = False
+    """Whether ``torch.backends.cudnn.benchmark`` was on when the run ended (the step's code turned it on)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class Measurement(JsonRecord):
     trials: list[Trial] = field(default_factory=list)
     snapshot_path: str | None = None
     schema: int = SCHEMA
+    cudnn_benchmark: bool = False
+    """The step ran with cuDNN's benchmark mode on: its peaks count the algorithm search's workspaces, which take
+    what memory the GPU has free; ``fits_in_bytes`` is what the step needs (``measure`` bisects it from 0)."""
 
 
 def _spec_args(spec: str, batch_size: int | None, precision: str | None,
@@ -153,9 +158,24 @@ def measure(
     trials = [first]
     fits_in = None
     if bisect:
-        # invariant: `hi` runs, `lo` does not. The cap can never be below the allocated peak.
-        lo, hi = first.peak_allocated_bytes - 1, first.peak_reserved_bytes
-        step = max(int(tolerance * first.peak_allocated_bytes), 2 << 20)
+        # invariant: `hi` runs, `lo` does not. The cap can never be below the allocated peak, unless the step takes
+        # what memory it is given. cuDNN's benchmark mode times each new convolution's algorithms with a workspace as
+        # large as the largest of them asks, halved until the caching allocator grants it, then runs the fastest whose
+        # workspace it can allocate (aten/src/ATen/native/cudnn/Conv_v8.cpp: get_plans_from_find, try_plans). On an
+        # H200 torchvision's FCN-ResNet101 (fp32) so peaked at 83.6 GB uncapped and ran under a 15.4 GB cap (14 steps:
+        # benchmarks/results/estimate/cudnn_benchmark_draw_h200_torch2.11_20261130_s37.md). Then the bracket starts
+        # at 0 and narrows to a fraction of its top
+        if first.cudnn_benchmark:
+            lo, hi = 0, first.peak_reserved_bytes
+
+            def step_at(hi: int) -> int:
+                return max(int(tolerance * hi), 2 << 20)
+        else:
+            lo, hi = first.peak_allocated_bytes - 1, first.peak_reserved_bytes
+            fixed = max(int(tolerance * first.peak_allocated_bytes), 2 << 20)
+
+            def step_at(hi: int) -> int:
+                return fixed
         if hint_bytes is not None and lo < hint_bytes < hi:
             t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=hint_bytes, changes=changes)
             trials.append(t)
@@ -167,7 +187,7 @@ def measure(
             return t.ok
 
         def narrow(lo: int, hi: int) -> int:
-            while hi - lo > step:
+            while hi - lo > step_at(hi):
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if runs(mid) else (mid, hi)
             return hi
@@ -178,7 +198,7 @@ def measure(
         # reserved (which runs), from the top down, and go above the highest that fails
         top = first.peak_reserved_bytes
         spacing = (top - fits_in) // (ABOVE_TRIALS + 1)
-        if spacing > step:
+        if spacing > step_at(fits_in):
             passing = top
             for cap in range(top - spacing, fits_in, -spacing):
                 if not runs(cap):
@@ -200,6 +220,7 @@ def measure(
         outside_allocator_bytes=first.outside_allocator_bytes,
         trials=trials,
         snapshot_path=snapshot,
+        cudnn_benchmark=first.cudnn_benchmark,
     )
 
 
@@ -287,6 +308,7 @@ def _trial_main(argv: list[str] | None = None) -> None:
         num_alloc_retries=stats.get("num_alloc_retries", 0),
         elapsed_s=time.perf_counter() - started,
         error=error,
+        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
     ).to_json())
 
 

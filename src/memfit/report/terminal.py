@@ -131,6 +131,9 @@ def render_measurement(m: Measurement, console: Console) -> None:
     for label, value in rows:
         t.add_row(label, "—" if value is None else format_bytes(value))
     console.print(t)
+    if m.cudnn_benchmark:
+        console.print("cudnn.benchmark was on: the peaks count its search for the fastest algorithms, which takes "
+                      "what memory the GPU has free; 'fits in' is what the step needs.")
     if m.snapshot_path:
         console.print(f"memory snapshot: {m.snapshot_path} (open it at pytorch.org/memory_viz)")
 
