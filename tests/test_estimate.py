@@ -203,6 +203,25 @@ def test_reentrant_checkpointing_of_convolutions_widens_the_bound(conv: bool):
         assert "0" in reasons["reentrant_checkpoint"].detail
 
 
+def test_cudnn_benchmark_mode_is_named_where_the_step_has_convolutions(monkeypatch: pytest.MonkeyPatch):
+    # its algorithm search takes what memory is free (max_memory_allocated reads far more), then the step runs within
+    # the cap it needs: on 14 steps measured with it on, fits_in was above that cap, so the bound is named, not widened
+    conv = Workload(model=lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(),
+                                                      torch.nn.Linear(8 * 14 * 14, 4)),
+                    batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randn(n, 4)),
+                    loss=lambda out, b: (out - b[1]).square().mean(),
+                    optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4)
+    mlp = builtin_workload("mlp").replace(batch_size=4)
+    plain = estimate(conv)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    searched = estimate(conv)
+    reasons = {u.reason: u for u in searched.uncertainty}
+    assert "cudnn_benchmark" in reasons and reasons["cudnn_benchmark"].widen == 0
+    assert "max_memory_allocated" in reasons["cudnn_benchmark"].detail and "0" in reasons["cudnn_benchmark"].detail
+    assert searched.fits_in_upper_bytes == plain.fits_in_upper_bytes and not plain.uncertainty
+    assert "cudnn_benchmark" not in {u.reason for u in estimate(mlp).uncertainty}  # no convolution: nothing to say
+
+
 def test_the_replays_after_a_trace_keep_the_collector_off_old_objects(monkeypatch: pytest.MonkeyPatch):
     """A full garbage collection walks every object in the process (torch, the model's libraries): 0.5 s at a time
     on a 2-core CPU. The trace freezes what existed before it; the analysis and replays after it keep it frozen,

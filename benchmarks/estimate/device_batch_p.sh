@@ -6,6 +6,8 @@
 #   bash benchmarks/estimate/device_batch_p.sh draw COVERAGE_JSON KIND NAMES   # any fresh draw, the same way
 #       # (ZOO_EXTRA=--no-floor: steps that take what memory they are given, the thirteenth draw's cudnn.benchmark)
 #   bash benchmarks/estimate/device_batch_p.sh tests   # the GPU tests (one GPU)
+#   bash benchmarks/estimate/device_batch_p.sh measure_tests NAME   # `memfit measure NAME --json` (a zoo step) beside
+#       # the GPU tests, on one GPU
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements
 
@@ -28,5 +30,12 @@ case "$1" in
     ;;
   tests)
     gpu_tests 570
+    ;;
+  measure_tests)
+    spec=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks/zoo'); from registry import entries; print(entries(['$2'])[0].spec)")
+    timeout 540 python3 -m memfit.cli measure "$spec" --json > "$OUT/measure_$2.json" 2> "$OUT/measure_$2.log" &
+    gpu_tests 560
+    wait
+    python3 -c "import json; m = json.load(open('$OUT/measure_$2.json')); print({k: m[k] for k in ('peak_allocated_bytes', 'fits_in_bytes', 'cudnn_benchmark')}, len(m['trials']), 'trials')"
     ;;
 esac

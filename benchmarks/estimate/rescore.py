@@ -29,8 +29,10 @@ sys.path.insert(0, str(BENCH / "zoo"))
 
 
 def steps() -> list[dict]:
-    """One per (step, GPU) measured: the last measurement folder holding it wins."""
-    found: dict[tuple[str, str], dict] = {}
+    """One per (step, GPU, allocator setting) measured: the last measurement folder holding it wins. A step measured
+    under a ``PYTORCH_CUDA_ALLOC_CONF`` (the twelfth draw, zoo/allocator_draw.py) is a step of its own, estimated
+    under the same setting."""
+    found: dict[tuple[str, str, str | None], dict] = {}
     for folder in sorted(RESULTS.glob("*measurements*")):
         if folder.name.startswith("measurements_"):
             continue  # the 14-workload suite: not zoo or corpus specs
@@ -39,10 +41,11 @@ def steps() -> list[dict]:
             m = json.loads(path.read_text())
             if not m.get("fits_in_bytes"):
                 continue
-            found[path.stem, gpu] = {
+            conf = m.get("allocator_conf")
+            found[path.stem, gpu, conf] = {
                 "name": path.stem, "gpu": gpu, "measured": str(path.relative_to(BENCH.parent)),
                 "corpus": folder.name.startswith("corpus"), "meas_fit": m["fits_in_bytes"],
-                "meas_alloc": m["peak_allocated_bytes"],
+                "meas_alloc": m["peak_allocated_bytes"], **({"allocator_conf": conf} if conf else {}),
             }
     return list(found.values())
 
@@ -56,16 +59,22 @@ def _spec(step: dict) -> str:
 
 
 def _one(step: dict, precisions: tuple[str, ...] = ()) -> dict | None:
+    import torch
+
+    from memfit.estimate.allocator_config import AllocatorConfig
     from memfit.estimate.predict import estimate
     from memfit.workload.loading import load_workload
 
     row = dict(step)
     started = time.perf_counter()
+    # as in a fresh process: a step before it in this worker may have turned benchmark mode on (zoo/cudnn_benchmark.py)
+    torch.backends.cudnn.benchmark = False
     try:
         workload = load_workload(_spec(step))
         if precisions and workload.precision not in precisions:
             return None
-        est = estimate(workload, gpu=step["gpu"])
+        conf = step.get("allocator_conf")
+        est = estimate(workload, gpu=step["gpu"], allocator=AllocatorConfig.from_env(conf) if conf else None)
         row.update(fits_in=est.fits_in_bytes, alloc=est.peak_allocated_bytes, upper=est.fits_in_upper_bytes,
                    reasons=[u.reason for u in est.uncertainty])
     except BaseException as exc:  # a row, not a crash: the report counts them
@@ -83,7 +92,11 @@ def _split() -> dict[str, str]:
 def _set(row: dict, halves: dict[str, str]) -> str:
     if row["corpus"]:
         return f"corpus {halves.get(row['name'], '?')} half"
+    if row.get("allocator_conf"):
+        return f"twelfth draw ({row['allocator_conf']})"
     prefix = row["name"].split("_")[0]
+    if prefix == "cb":
+        return "thirteenth draw (cudnn.benchmark)"
     if prefix.startswith("h") and prefix[1:].isdigit():
         return f"draw {prefix[1:]}"
     return "first draw (ho_)" if prefix == "ho" else "zoo"
@@ -133,8 +146,11 @@ def main() -> None:
         Path(args.out).write_text(report(rows, args.title))
         return
     out = Path(args.out)
-    done = {(r["name"], r["gpu"]) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
-    todo = [s for s in steps() if (s["name"], s["gpu"]) not in done]
+    def key(r: dict) -> tuple[str, str, str | None]:
+        return r["name"], r["gpu"], r.get("allocator_conf")
+
+    done = {key(r) for r in map(json.loads, out.read_text().splitlines())} if out.exists() else set()
+    todo = [s for s in steps() if key(s) not in done]
     precisions = tuple(p for p in args.precision.split(",") if p)
     with cf.ProcessPoolExecutor(args.j) as pool, out.open("a") as f:
         for row in pool.map(partial(_one, precisions=precisions), todo):

@@ -448,6 +448,12 @@ class Recorder(tp.TorchDispatchMode):
                           selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
         if name == "convolution":
+            if torch.backends.cudnn.benchmark and "cudnn_benchmark" not in self.trace.uncertain:
+                self.note_rule("cudnn_benchmark", (
+                    f"torch.backends.cudnn.benchmark is on ({self._where_conv()}): the first step times every "
+                    "algorithm of each convolution with what memory the GPU has free, so "
+                    "torch.cuda.max_memory_allocated() can show far more than this; the step then runs within "
+                    "the cap estimated here"))
             copy = self._scratch((kernel_scratch.conv_input_copy_bytes(args[0], args[1]),), f"{name}_scratch")
             self.track(out, name)
             self._transient(kernel_scratch.conv_workspace(self.trace, self._where_conv(), args[0], args[1], out,
