@@ -235,6 +235,8 @@ workload = memfit.Workload(model=Net, batch=lambda n: (torch.randn(n, 8), torch.
         ("fwdexit.py", "import sys, torch\nclass Net(torch.nn.Linear):\n    def forward(self, x):\n"
          "        sys.exit(3)\n" + TINY.replace("torch.nn.Linear(8, 4)", "Net(8, 4)"), "fwdexit.py",
          ("sys.exit(3)", "fwdexit.py:4 in forward")),
+        ("lazy.py", TINY.replace("torch.nn.Linear(8, 4)", "torch.nn.LazyLinear(4)"), "lazy.py",
+         ("lazy.py:3 in <lambda>", "lazy module", "nn.Linear(in_features, out_features)")),
     ],
 )
 def test_errors_in_the_users_code_name_the_place(tmp_path: Path, name: str, text: str, spec: str,
