@@ -67,8 +67,10 @@ def _one(step: dict, precisions: tuple[str, ...] = ()) -> dict | None:
 
     row = dict(step)
     started = time.perf_counter()
-    # as in a fresh process: a step before it in this worker may have turned benchmark mode on (zoo/cudnn_benchmark.py)
-    torch.backends.cudnn.benchmark = False
+    # as in a fresh process: a step before it in this worker may have turned benchmark mode or deterministic
+    # algorithms on (zoo/cudnn_benchmark.py, zoo/deterministic.py)
+    torch.backends.cudnn.benchmark = torch.backends.cudnn.deterministic = False
+    torch.use_deterministic_algorithms(False)
     try:
         workload = load_workload(_spec(step))
         if precisions and workload.precision not in precisions:
@@ -97,6 +99,8 @@ def _set(row: dict, halves: dict[str, str]) -> str:
     prefix = row["name"].split("_")[0]
     if prefix == "cb":
         return "thirteenth draw (cudnn.benchmark)"
+    if prefix == "det":
+        return "fourteenth draw (deterministic algorithms)"
     if prefix.startswith("h") and prefix[1:].isdigit():
         return f"draw {prefix[1:]}"
     return "first draw (ho_)" if prefix == "ho" else "zoo"

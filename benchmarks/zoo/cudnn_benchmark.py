@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allocator_draw import candidates  # noqa: E402
-
-from memfit import Workload  # noqa: E402
+from variants import variants, zoo_steps  # noqa: E402
 
 SEED = 20261131
 COUNT_2D, COUNT_3D = 10, 4
@@ -37,45 +34,20 @@ COUNT_2D, COUNT_3D = 10, 4
 BENCHMARK = "cudnn_benchmark"
 
 
-def _others() -> dict[str, Workload]:
-    """Every zoo step of the other family modules, by name (not through ``registry.entries``, which loads this
-    module too)."""
-    from registry import MODULES, _load
-
-    return {v.name: v for m in MODULES if m != Path(__file__).name
-            for v in vars(_load(m)).values() if isinstance(v, Workload)}
-
-
 def drawn() -> list[str]:
     """The steps of the draw: seeded samples of the measured candidates tagged ``cnn``, 2-D and ``3d``, sorted."""
-    steps = _others()
+    steps = zoo_steps()
     names = [n for n in candidates() if "cnn" in steps[n].tags]
     rng = random.Random(SEED)
     flat = rng.sample([n for n in names if "3d" not in steps[n].tags], COUNT_2D)
     return sorted(flat + rng.sample([n for n in names if "3d" in steps[n].tags], COUNT_3D))
 
 
-def _benchmark_on(build: Callable[[], Any]) -> Callable[[], Any]:
-    def model() -> Any:
-        torch.backends.cudnn.benchmark = True
-        return build()
-    return model
-
-
-def _wrapped() -> dict[str, Workload]:
-    """``cb_<step>`` for each drawn step: the step with the flag set before its model is built, tagged
-    ``cudnn_benchmark`` instead of its draw's tag (``--family holdoutN`` stays the draw it was)."""
-    steps = _others()
-    found = {}
-    for step in drawn():
-        base, name = steps[step], f"cb_{step}"
-        found[name] = base.replace(name=name, model=_benchmark_on(base.model),
-                                   description=f"{base.description}; cudnn.benchmark on",
-                                   tags=(*(t for t in base.tags if not t.startswith("holdout")), BENCHMARK))
-    return found
+def _benchmark_on() -> None:
+    torch.backends.cudnn.benchmark = True
 
 
 if __name__ == "__main__":
     print(",".join(drawn()))
 else:
-    globals().update(_wrapped())
+    globals().update(variants(drawn(), "cb", _benchmark_on, "cudnn.benchmark on", BENCHMARK))

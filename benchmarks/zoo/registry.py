@@ -26,6 +26,7 @@ MODULES = (
     "holdout10.py",
     "holdout11.py",
     "cudnn_benchmark.py",
+    "deterministic.py",
 )
 """The family modules, in report order."""
 
