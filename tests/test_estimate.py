@@ -222,6 +222,34 @@ def test_cudnn_benchmark_mode_is_named_where_the_step_has_convolutions(monkeypat
     assert "cudnn_benchmark" not in {u.reason for u in estimate(mlp).uncertainty}  # no convolution: nothing to say
 
 
+@pytest.mark.parametrize("flag", ["cudnn", "algorithms"])
+def test_deterministic_algorithms_widen_the_bound_of_a_step_with_convolutions(monkeypatch: pytest.MonkeyPatch,
+                                                                               flag: str):
+    # measured: deterministic cuDNN algorithms took caps up to 14 % above the replayed one (FCN-ResNet50, fp16, H200)
+    from memfit.estimate.bound import WIDTHS
+
+    conv = Workload(model=lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(),
+                                                      torch.nn.Linear(8 * 14 * 14, 4)),
+                    batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randn(n, 4)),
+                    loss=lambda out, b: (out - b[1]).square().mean(),
+                    optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4)
+    plain, mlp = estimate(conv), builtin_workload("mlp").replace(batch_size=4)
+    if flag == "cudnn":
+        monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    else:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        strict, strict_mlp = estimate(conv), estimate(mlp)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    reasons = {u.reason: u for u in strict.uncertainty}
+    assert reasons["deterministic_algorithms"].widen == WIDTHS["deterministic_algorithms"] > 0
+    assert strict.fits_in_bytes == plain.fits_in_bytes  # the best estimate stays: the direction is not known
+    assert strict.fits_in_upper_bytes >= plain.fits_in_upper_bytes + 0.9 * WIDTHS["deterministic_algorithms"] * (
+        plain.fits_in_replay_bytes)
+    assert "deterministic_algorithms" not in {u.reason for u in strict_mlp.uncertainty}  # no convolution
+
+
 def test_the_replays_after_a_trace_keep_the_collector_off_old_objects(monkeypatch: pytest.MonkeyPatch):
     """A full garbage collection walks every object in the process (torch, the model's libraries): 0.5 s at a time
     on a 2-core CPU. The trace freezes what existed before it; the analysis and replays after it keep it frozen,

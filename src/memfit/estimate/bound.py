@@ -40,6 +40,7 @@ UncertaintyReason = Literal[
     "step_kept",
     "workspace_fallback",
     "cudnn_benchmark",
+    "deterministic_algorithms",
 ]
 
 # Widths, as fractions of the replayed cap. Each says what it covers and where it comes from.
@@ -123,6 +124,15 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # (benchmarks/results/estimate/cudnn_benchmark_draw_h200_torch2.11_20261130_s37.md; validation data, the width
     # is the status quo it judged). Named, not widened
     "cudnn_benchmark": 0.0,
+    # deterministic algorithms on (torch.use_deterministic_algorithms, torch.backends.cudnn.deterministic: Lightning's
+    # Trainer(deterministic=...), HF's enable_full_determinism) in a step with convolutions: cuDNN runs only its
+    # deterministic algorithms, whose workspaces the trace (the heuristics' choice) does not charge. Twelve measured
+    # steps run so on an H200 (the fourteenth draw): caps -7.2 ... +21.2 % from those without it; the largest needs
+    # beyond the replayed cap, 14.0 % (torchvision's FCN-ResNet50 at 1024², fp16: its bound 8.5 % under) and 13.3 %
+    # (DeepLabV3-MobileNetV3), rounded up; transformers and an LSTM step moved by nothing
+    # (benchmarks/results/estimate/deterministic_draw_h200_torch2.11_20261130_s37.md; fit data: this width was set
+    # on that draw and no fresh steps have judged it yet)
+    "deterministic_algorithms": 0.15,
 }
 
 _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACachingAllocator.cpp kLargeBuffer)
@@ -162,9 +172,11 @@ def upper_bound(replayed_bytes: int, reasons: dict[UncertaintyReason, str],
 
 
 STRUCTURAL: frozenset[UncertaintyReason] = frozenset(
-    {"rnn_kernel", "reentrant_checkpoint", "sparse_data", "compiled", "optimizer_state_rule"})
+    {"rnn_kernel", "reentrant_checkpoint", "sparse_data", "compiled", "optimizer_state_rule",
+     "deterministic_algorithms"})
 """The reasons a trace records from its ops and modules alone (an RNN module, a convolution recomputed by reentrant
-checkpointing, a sparse tensor, a compiled module, torchao's 8-bit states), never from sizes or values: every trace
+checkpointing, a sparse tensor, a compiled module, torchao's 8-bit states, a convolution under deterministic
+algorithms), never from sizes or values: every trace
 of the same op sequence records them, at any batch size. The planner's floors widen by them
 (``memfit.plan.search_state.Search.need_floor``)."""
 

@@ -454,6 +454,11 @@ class Recorder(tp.TorchDispatchMode):
                     "algorithm of each convolution with what memory the GPU has free, so "
                     "torch.cuda.max_memory_allocated() can show far more than this; the step then runs within "
                     "the cap estimated here"))
+            if ((torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled())
+                    and "deterministic_algorithms" not in self.trace.uncertain):
+                self.note_rule("deterministic_algorithms", (
+                    f"deterministic algorithms are on ({self._where_conv()}): cuDNN runs only its deterministic "
+                    "convolution algorithms, whose workspaces memfit has not measured"))
             copy = self._scratch((kernel_scratch.conv_input_copy_bytes(args[0], args[1]),), f"{name}_scratch")
             self.track(out, name)
             self._transient(kernel_scratch.conv_workspace(self.trace, self._where_conv(), args[0], args[1], out,
