@@ -41,6 +41,19 @@ workload = memfit.Workload(
 """
 
 
+LAZY = """\
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = torch.nn.Linear(8, 4)
+        self.idle = torch.nn.LazyLinear(4)
+    def forward(self, x):
+        return self.used(x)
+"""
+"""A model with a lazy module (its size from its first input), which its forward does not use."""
+
+
 def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
         preexec: Any = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "memfit.cli", *args], capture_output=True, text=True, timeout=240,
@@ -235,8 +248,11 @@ workload = memfit.Workload(model=Net, batch=lambda n: (torch.randn(n, 8), torch.
         ("fwdexit.py", "import sys, torch\nclass Net(torch.nn.Linear):\n    def forward(self, x):\n"
          "        sys.exit(3)\n" + TINY.replace("torch.nn.Linear(8, 4)", "Net(8, 4)"), "fwdexit.py",
          ("sys.exit(3)", "fwdexit.py:4 in forward")),
-        ("lazy.py", TINY.replace("torch.nn.Linear(8, 4)", "torch.nn.LazyLinear(4)"), "lazy.py",
-         ("lazy.py:3 in <lambda>", "lazy module", "nn.Linear(in_features, out_features)")),
+        ("lazy.py", LAZY + TINY.replace("torch.nn.Linear(8, 4)", "Net()"), "lazy.py",
+         ("lazy module idle got no input", "nn.Linear(in_features, out_features)")),
+        ("lazyitem.py", LAZY.replace("self.used(x)", "self.idle(x) * x.sum().item()")
+         + TINY.replace("torch.nn.Linear(8, 4)", "Net()"), "lazyitem.py",
+         ("lazy modules", "on shapes alone (meta tensors) and it failed at lazyitem.py:8 in forward", "item()")),
     ],
 )
 def test_errors_in_the_users_code_name_the_place(tmp_path: Path, name: str, text: str, spec: str,

@@ -250,6 +250,28 @@ def test_deterministic_algorithms_widen_the_bound_of_a_step_with_convolutions(mo
     assert "deterministic_algorithms" not in {u.reason for u in strict_mlp.uncertainty}  # no convolution
 
 
+def test_a_model_with_lazy_modules_estimates_as_its_plain_twin():
+    # nn.LazyLinear & co. take their sizes from their first input; materialized, they are their plain twins
+    from torch import nn
+
+    def net(lazy: bool) -> nn.Module:
+        return nn.Sequential(
+            nn.LazyConv2d(16, 3) if lazy else nn.Conv2d(3, 16, 3),
+            nn.LazyBatchNorm2d() if lazy else nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
+            nn.LazyLinear(32) if lazy else nn.Linear(16 * 14 * 14, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    def step(lazy: bool) -> Workload:
+        return Workload(model=lambda: net(lazy), batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randn(n, 4)),
+                        loss=lambda out, b: (out - b[1]).square().mean(),
+                        optimizer=lambda p: torch.optim.Adam(p, lr=1e-3), batch_size=8)
+
+    lazy, plain = estimate(step(True)), estimate(step(False))
+    assert lazy.param_count == plain.param_count > 0
+    for field in ("peak_allocated_bytes", "peak_reserved_bytes", "fits_in_bytes", "fits_in_upper_bytes",
+                  "breakdown"):
+        assert getattr(lazy, field) == getattr(plain, field), field
+
+
 def test_the_replays_after_a_trace_keep_the_collector_off_old_objects(monkeypatch: pytest.MonkeyPatch):
     """A full garbage collection walks every object in the process (torch, the model's libraries): 0.5 s at a time
     on a 2-core CPU. The trace freezes what existed before it; the analysis and replays after it keep it frozen,

@@ -36,6 +36,7 @@ from memfit.estimate.trace_setup import (
     ForwardRecorded,
     build_model,
     cuda_default_optimizer,
+    meta_forward,
     on_phase,
     register_model,
     stand_in_optimizer,
@@ -363,7 +364,8 @@ def _trace_frozen(workload: Workload, recorder: Recorder, *, steps: int, old_obj
             try:
                 with user_device_calls():  # Net().cuda(), .to(device), device="cuda" in the factories
                     model, optimizer, batch = build(
-                        workload.replace(model=functools.partial(build_model, workload.model, recorder)), "cpu",
+                        workload.replace(model=functools.partial(build_model, workload.model, recorder,
+                                                                 functools.partial(meta_forward, workload))), "cpu",
                         configure_optimizer=cuda_default_optimizer, phase=recorder.set_phase,
                         keep_states=functools.partial(stand_in_optimizer, recorder=recorder),
                     )

@@ -11,11 +11,13 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memfit import _torch_private as tp
+from memfit.errors import WorkloadError
 from memfit.estimate.cudnn_rnn import flatten_weights
 from memfit.estimate.optimizer_twins import stand_in
 from memfit.estimate.step_copies import grad_keys
@@ -25,7 +27,7 @@ from memfit.estimate.values import KnownElementWrites
 if TYPE_CHECKING:
     from memfit.estimate.recorder import Recorder
 
-__all__ = ["ForwardRecorded", "build_model", "cuda_default_optimizer", "on_phase",
+__all__ = ["ForwardRecorded", "build_model", "cuda_default_optimizer", "meta_forward", "on_phase",
            "register_model", "stand_in_optimizer"]
 
 log = logging.getLogger(__name__)
@@ -47,44 +49,98 @@ def cuda_default_optimizer(optimizer: torch.optim.Optimizer) -> None:
             group["foreach"] = True
 
 
-def build_model(factory: Any, recorder: Recorder) -> Any:
+def build_model(factory: Any, recorder: Recorder, dry_run: Callable[[torch.nn.Module], None]) -> Any:
     """Call the model factory under the fake modes; if the constructor sizes tensors by tensor values (timm's
     RegNet takes its stage widths from ``torch.unique``), build the model for real on the CPU instead and give
     the trace fake parameters and buffers of the same shapes, dtypes and strides, in the same order. Host memory:
-    the model's parameters, once."""
+    the model's parameters, once. A model with lazy modules is built on the meta device and sized by ``dry_run``
+    (``_built_lazily``)."""
     recorder.building_model = True
+    op: str | None = None
     try:
         with KnownElementWrites(recorder.step_values.known):
             return factory()
     except ValuesNeededToBuild as exc:
         op = str(exc)
+    except RuntimeError as exc:
+        # torch.nn's lazy modules: their placeholder parameters are a Tensor subclass, which a fake tensor cannot
+        # become (torch.nn.parameter.UninitializedParameter: Tensor._make_subclass of a FakeTensor raises)
+        if not any(n in str(exc) for n in ("UninitializedParameter", "UninitializedBuffer")):
+            raise
     finally:
         recorder.building_model = False
     gc.collect()  # the half-built model's fake tensors go now, with their frees, before the rebuild allocates
+    if op is None:
+        return _built_lazily(factory, dry_run)
     with tp.no_dispatch_modes():
         real = factory()
-    twins: dict[int, torch.Tensor] = {}
-
-    def twin(t: torch.Tensor, parameter: bool) -> torch.Tensor:
-        if id(t) not in twins:
-            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
-            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if parameter else fake
-        return twins[id(t)]
-
-    # setattr on a registered name replaces the tensor and keeps its registration (a buffer stays persistent or
-    # not); each list is read whole before the first replacement
-    for module in real.modules():
-        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-            setattr(module, name, twin(p, parameter=True))
-        for name, b in list(module.named_buffers(recurse=False, remove_duplicate=False)):
-            setattr(module, name, twin(b, parameter=False))
-    nbytes = sum(t.untyped_storage().nbytes() for t in twins.values())
+    nbytes = _fake_twins(real)
     msg = (f"the model's constructor sizes a tensor by tensor values ({op}), which fake tensors do not have: "
            f"memfit built it for real on the CPU ({nbytes / 2**20:.0f} MiB of host memory) and traced fake copies "
            "of its parameters and buffers.")
     recorder.trace.warnings.append(msg)
     log.warning(msg)
     return real
+
+
+def _fake_twins(model: torch.nn.Module) -> int:
+    """Replace every parameter and buffer of ``model`` by a fake tensor of the same shape, dtype and strides (made
+    under the trace's modes, so the recorder sees each), shared ones once; the bytes of the tensors replaced."""
+    twins: dict[int, torch.Tensor] = {}
+    replaced: dict[int, torch.Tensor] = {}
+
+    def twin(t: torch.Tensor, parameter: bool) -> torch.Tensor:
+        if id(t) not in twins:
+            fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+            twins[id(t)] = torch.nn.Parameter(fake, t.requires_grad) if parameter else fake
+            replaced[id(t)] = t
+        return twins[id(t)]
+
+    # setattr on a registered name replaces the tensor and keeps its registration (a buffer stays persistent or
+    # not); each list is read whole before the first replacement
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(p, parameter=True))
+        for name, b in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(module, name, twin(b, parameter=False))
+    return sum(t.untyped_storage().nbytes() for t in replaced.values())
+
+
+def _built_lazily(factory: Any, dry_run: Callable[[torch.nn.Module], None]) -> torch.nn.Module:
+    """A model with torch.nn's lazy modules (``nn.LazyLinear`` ...), whose parameters take their shapes from their
+    first input. Their placeholders are a Tensor subclass, which a fake tensor cannot become, so the model is built
+    on the meta device (shapes, no memory), ``dry_run`` runs its forward there once without autograd, which gives
+    the lazy parameters their shapes, and the trace gets fake twins of every parameter and buffer, as for a model
+    built for real. A materialized lazy module is its plain twin (``cls_to_become``): the same tensors."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    from memfit.workload.user_errors import one_line, user_place
+
+    with tp.no_dispatch_modes(), torch.device("meta"):
+        model = factory()
+        try:
+            with torch.no_grad():
+                dry_run(model)
+        except Exception as exc:  # noqa: BLE001 - said in one line: the model's forward on shapes alone
+            place = user_place(exc)
+            text = one_line(exc).rstrip(".")
+            raise WorkloadError(
+                "the model has lazy modules (nn.LazyLinear, nn.LazyConv2d, ...), which take their sizes from a first "
+                f"forward; memfit ran it on shapes alone (meta tensors) and it failed{f' at {place}' if place else ''}: "
+                f"{text}. Give each lazy module its input size (nn.Linear(in_features, out_features)).") from exc
+    unsized = [name for name, m in model.named_modules() if isinstance(m, LazyModuleMixin)
+               and m.has_uninitialized_params()]  # type: ignore[misc]  # torch types its self as a Protocol
+    if unsized:
+        raise WorkloadError(f"the lazy module {unsized[0]} got no input in the model's forward, so it has no size: "
+                            "give it its input size (nn.Linear(in_features, out_features)).")
+    _fake_twins(model)
+    log.info("the model has lazy modules: memfit sized them by one forward on shapes alone (meta tensors)")
+    return model
+
+
+def meta_forward(workload: Any, model: torch.nn.Module) -> None:
+    """The workload's forward on a batch of one, where the caller put it (``_built_lazily``: the meta device)."""
+    workload.run_forward(model, workload.batch(1))
 
 
 def register_model(recorder: Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

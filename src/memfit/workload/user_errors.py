@@ -42,15 +42,6 @@ _HINTS = (
      "batch factories, but inside forward create tensors on an input's device (x.device)."),
 )
 
-_RESTATED = (
-    # torch.nn's lazy modules make their parameters as a Tensor subclass, which a fake tensor cannot become
-    # (torch.nn.parameter.UninitializedParameter: Tensor._make_subclass of a FakeTensor raises)
-    (("UninitializedParameter", "UninitializedBuffer"),
-     "a lazy module (nn.LazyLinear, nn.LazyConv2d, ...) cannot be built on the fake tensors memfit traces with "
-     "yet. Give each its input size (nn.Linear(in_features, out_features))."),
-)
-"""Failures whose own text speaks of memfit's fake tensors, not of the user's code: said in the user's terms instead."""
-
 
 @dataclass(frozen=True)
 class Place:
@@ -177,10 +168,6 @@ def user_code_error(
     if details:
         where.append(f"({', '.join(details)})")
     at = (" " + " ".join(where)) if where else ""
-    said = str(exc)
-    restated = next((text for needles, text in _RESTATED if any(n in said for n in needles)), None)
-    if restated is not None:
-        return UserCodeError(f"{during} failed{at}: {restated}")
     text = one_line(exc)
     end = "" if text.endswith((".", "…")) else "."
     return UserCodeError(f"{during} failed{at}: {text}{end}{hint_for(exc)}")
