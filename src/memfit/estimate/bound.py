@@ -176,9 +176,8 @@ STRUCTURAL: frozenset[UncertaintyReason] = frozenset(
      "deterministic_algorithms"})
 """The reasons a trace records from its ops and modules alone (an RNN module, a convolution recomputed by reentrant
 checkpointing, a sparse tensor, a compiled module, torchao's 8-bit states, a convolution under deterministic
-algorithms), never from sizes or values: every trace
-of the same op sequence records them, at any batch size. The planner's floors widen by them
-(``memfit.plan.search_state.Search.need_floor``)."""
+algorithms), never from sizes or values: every trace of the same op sequence records them, at any batch size. The
+planner's floors widen by them (``memfit.plan.search_state.Search.need_floor``)."""
 
 
 def structural_widening(reasons: Iterable[UncertaintyReason]) -> float:

@@ -128,7 +128,7 @@ def _built_lazily(factory: Any, dry_run: Callable[[torch.nn.Module], None]) -> t
                 "the model has lazy modules (nn.LazyLinear, nn.LazyConv2d, ...), which take their sizes from a first "
                 f"forward; memfit ran it on shapes alone (meta tensors) and it failed{f' at {place}' if place else ''}: "
                 f"{text}. Give each lazy module its input size (nn.Linear(in_features, out_features)).") from exc
-    unsized = [name for name, m in model.named_modules() if isinstance(m, LazyModuleMixin)
+    unsized = [name or type(m).__name__ for name, m in model.named_modules() if isinstance(m, LazyModuleMixin)
                and m.has_uninitialized_params()]  # type: ignore[misc]  # torch types its self as a Protocol
     if unsized:
         raise WorkloadError(f"the lazy module {unsized[0]} got no input in the model's forward, so it has no size: "
