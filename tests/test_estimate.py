@@ -272,6 +272,41 @@ def test_a_model_with_lazy_modules_estimates_as_its_plain_twin():
         assert getattr(lazy, field) == getattr(plain, field), field
 
 
+@pytest.mark.parametrize("backends", ["math", "efficient", "default"])
+def test_attention_runs_the_kernels_the_user_left_on(backends: str):
+    # torch.nn.attention.sdpa_kernel(SDPBackend.MATH) sends CUDA to the math path, which saves the B*H*L*L
+    # probabilities that the fused kernels never make; the memory-efficient kernel alone saves what flash saves
+    from torch import nn
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"math": [SDPBackend.MATH], "efficient": [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]}
+
+    class Attention(nn.Module):
+        def __init__(self, kernels: list[SDPBackend] | None) -> None:
+            super().__init__()
+            self.qkv, self.kernels = nn.Linear(64, 192), kernels
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).unflatten(-1, (3, 4, 16)).permute(2, 0, 3, 1, 4)
+            if self.kernels is None:
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            with sdpa_kernel(self.kernels):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    def step(kernels: list[SDPBackend] | None) -> Workload:
+        return Workload(model=lambda: Attention(kernels), batch=lambda n: (torch.randn(n, 512, 64), None),
+                        loss=lambda out, b: out.float().square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                        batch_size=4, precision="bf16")
+
+    fused = estimate(step(None)).peak_allocated_bytes
+    picked = estimate(step(chosen.get(backends))).peak_allocated_bytes
+    probabilities = 4 * 4 * 512 * 512 * 2  # B * H * L * L in bf16, saved for backward
+    if backends == "math":
+        assert picked >= fused + probabilities
+    else:
+        assert picked == fused
+
+
 def test_the_replays_after_a_trace_keep_the_collector_off_old_objects(monkeypatch: pytest.MonkeyPatch):
     """A full garbage collection walks every object in the process (torch, the model's libraries): 0.5 s at a time
     on a 2-core CPU. The trace freezes what existed before it; the analysis and replays after it keep it frozen,

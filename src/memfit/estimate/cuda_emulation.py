@@ -329,7 +329,19 @@ def _cuda_sdpa(
     # the call (ATen/native/transformers/cuda/sdp_utils.cpp), CUDA runs the math path, and so does the trace.
     half = query.dtype in (torch.float16, torch.bfloat16)
     gqa = enable_gqa and key.shape[-3] != query.shape[-3]
+    # the kernels the user left on (torch.nn.attention.sdpa_kernel, torch.backends.cuda.enable_flash_sdp(False) ...):
+    # CUDA picks among those alone, and the math path, which saves the B*H*L*L probabilities, when none takes the call
+    # (sdp_utils.cpp, select_sdp_backend)
+    flash = torch.backends.cuda.flash_sdp_enabled()
+    efficient = torch.backends.cuda.mem_efficient_sdp_enabled()
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    if not (flash or efficient or cudnn):
+        if gqa:
+            groups = query.shape[-3] // key.shape[-3]
+            key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if (gqa and half and attn_mask is None and query.dim() == 4 and isinstance(query, tp.FakeTensor)
+            and (flash or cudnn)
             and query.shape[-1] % 8 == 0 and query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256
             and query.shape[-3] % key.shape[-3] == 0 and _fused_strides(query, key, value, None)):
         return _GroupedFlash.apply(query, key, value, dropout_p, is_causal, scale)
@@ -350,7 +362,7 @@ def _cuda_sdpa(
         # (Hugging Face passes enable_gqa only without a mask, for this reason: its use_gqa_in_sdpa)
         return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     unaligned = query.shape[-1] % (8 if half else 4) or value.shape[-1] % (8 if half else 4)
-    flash_pads = half and attn_mask is None and query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256
+    flash_pads = flash and half and attn_mask is None and query.shape[-1] == key.shape[-1] == value.shape[-1] <= 256
     if unaligned and not flash_pads:
         # head sizes the memory-efficient kernel's GEMMs cannot align: 8 elements for fp16/bf16, 4 for fp32 on
         # sm80+ (sdp_utils.cpp, minimum_gemm_alignment); flash does not take fp32 or a mask
@@ -360,6 +372,10 @@ def _cuda_sdpa(
         # do not (ATen/native/transformers/sdp_utils_cpp.h, check_last_dim_stride_equals_1_dense). T5's position
         # bias, a permuted view, sent Hugging Face T5 (transformers 5.17) to the math path on an H200:
         # benchmarks/results/estimate/sdpa_choices_h200_torch2.11_20261126.json
+        return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if not efficient and (attn_mask is not None or not half):
+        # a mask or fp32: only the memory-efficient kernel takes them (flash takes neither; cuDNN's is not counted
+        # on for them), and the user turned it off
         return tp.sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if attn_mask is not None and attn_mask.requires_grad:
         # a learned bias (T5's relative positions): only the memory-efficient kernel returns its grad, so CUDA
