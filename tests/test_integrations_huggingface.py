@@ -132,6 +132,41 @@ def test_plan_training_arguments_plans_the_models_step(tmp_path: Path) -> None:
     assert next(model.parameters()).device.type == "cpu"  # the model itself was not moved or copied
 
 
+class ConvClassifier(torch.nn.Module):
+    """A small image classifier that returns its loss as a Hugging Face model does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8, 4)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.head(self.conv(pixel_values).mean((2, 3)))
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_full_determinism_is_planned_for_before_the_trainer_turns_it_on(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TrainingArguments(full_determinism=True): the Trainer turns deterministic algorithms on when it is made,
+    which may be after the plan; the plan's estimates run with them on (a wider bound for convolutions), and the
+    process's settings are given back."""
+    from memfit.estimate.bound import WIDTHS
+    from memfit.integrations import huggingface as integration
+
+    planned: list[Plan] = []
+    real_plan = integration.plan
+    monkeypatch.setattr(integration, "plan", lambda *a, **k: planned.append(real_plan(*a, **k)) or planned[-1])
+    batch = {"pixel_values": torch.randn(8, 3, 16, 16), "labels": torch.randint(0, 4, (8,))}
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic)
+    for determinism in (False, True):
+        args = arguments(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+                         full_determinism=determinism)
+        plan_training_arguments(ConvClassifier(), args, batch, budget="64GiB", gpu="h100")
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic) == before
+    plain, strict = (p.chosen for p in planned)
+    assert strict.config == plain.config and WIDTHS["deterministic_algorithms"] > 0
+    assert strict.device_bytes > plain.device_bytes
+
+
 def _rank_worker(rank: int, world: int, port: int, limit: int | None, out: str, guarded: bool) -> None:
     """One rank of a 2-process CPU (gloo) DDP Trainer; a fake OOM on rank 1 only, above ``limit`` samples."""
     import os

@@ -206,11 +206,34 @@ def plan_training_arguments(
     effective = (int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
                  if effective_batch is None else operator.index(effective_batch))
     workload = workload_from_model(model, args, batch)
-    chosen = plan(workload, budget_bytes=budget_bytes, effective_batch=effective,
-                  gpu=gpu if gpu is not None else detect_gpu(), allow_precision_change=allow_precision_change,
-                  margin=margin, calibration=per_rank_choice(int(getattr(args, "world_size", 1))),
-                  checkpoint_modes=("full",))  # the Trainer's flag checkpoints fully, non-reentrant
+    with _as_the_trainer_sets(args):
+        chosen = plan(workload, budget_bytes=budget_bytes, effective_batch=effective,
+                      gpu=gpu if gpu is not None else detect_gpu(), allow_precision_change=allow_precision_change,
+                      margin=margin, calibration=per_rank_choice(int(getattr(args, "world_size", 1))),
+                      checkpoint_modes=("full",))  # the Trainer's flag checkpoints fully, non-reentrant
     return training_arguments_for(chosen, args, trained_precision=workload.precision, model=model)
+
+
+@contextlib.contextmanager
+def _as_the_trainer_sets(args: Any) -> Iterator[None]:
+    """The process-wide settings a ``Trainer`` makes from ``args`` before it trains, in force for the plan's traces
+    (which may run before the Trainer exists), then given back. With ``full_determinism``, transformers'
+    ``enable_full_determinism`` turns deterministic algorithms on and cuDNN's benchmark mode off, and the estimate of
+    a step with convolutions widens its bound for them (``memfit.estimate.bound``, ``deterministic_algorithms``).
+    Warn-only here: the traces run no CUDA kernel, and a real CPU forward (a detector's sizes) must not stop on an
+    op that the GPU would run."""
+    if not getattr(args, "full_determinism", False):
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
 
 
 # ------------------------------------------------------------------------------------------------- the guard
