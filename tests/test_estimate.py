@@ -203,14 +203,19 @@ def test_reentrant_checkpointing_of_convolutions_widens_the_bound(conv: bool):
         assert "0" in reasons["reentrant_checkpoint"].detail
 
 
-def test_cudnn_benchmark_mode_is_named_where_the_step_has_convolutions(monkeypatch: pytest.MonkeyPatch):
-    # its algorithm search takes what memory is free (max_memory_allocated reads far more), then the step runs within
-    # the cap it needs: on 14 steps measured with it on, fits_in was above that cap, so the bound is named, not widened
-    conv = Workload(model=lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(),
+def _conv_step() -> Workload:
+    """A one-convolution step: what the process-wide cuDNN settings act on."""
+    return Workload(model=lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(),
                                                       torch.nn.Linear(8 * 14 * 14, 4)),
                     batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randn(n, 4)),
                     loss=lambda out, b: (out - b[1]).square().mean(),
                     optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4)
+
+
+def test_cudnn_benchmark_mode_is_named_where_the_step_has_convolutions(monkeypatch: pytest.MonkeyPatch):
+    # its algorithm search takes what memory is free (max_memory_allocated reads far more), then the step runs within
+    # the cap it needs: on 14 steps measured with it on, fits_in was above that cap, so the bound is named, not widened
+    conv = _conv_step()
     mlp = builtin_workload("mlp").replace(batch_size=4)
     plain = estimate(conv)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
@@ -228,11 +233,7 @@ def test_deterministic_algorithms_widen_the_bound_of_a_step_with_convolutions(mo
     # measured: deterministic cuDNN algorithms took caps up to 14 % above the replayed one (FCN-ResNet50, fp16, H200)
     from memfit.estimate.bound import WIDTHS
 
-    conv = Workload(model=lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(),
-                                                      torch.nn.Linear(8 * 14 * 14, 4)),
-                    batch=lambda n: (torch.randn(n, 3, 16, 16), torch.randn(n, 4)),
-                    loss=lambda out, b: (out - b[1]).square().mean(),
-                    optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=4)
+    conv = _conv_step()
     plain, mlp = estimate(conv), builtin_workload("mlp").replace(batch_size=4)
     if flag == "cudnn":
         monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)

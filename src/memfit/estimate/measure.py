@@ -165,17 +165,11 @@ def measure(
         # H200 torchvision's FCN-ResNet101 (fp32) so peaked at 83.6 GB uncapped and ran under a 15.4 GB cap (14 steps:
         # benchmarks/results/estimate/cudnn_benchmark_draw_h200_torch2.11_20261130_s37.md). Then the bracket starts
         # at 0 and narrows to a fraction of its top
-        if first.cudnn_benchmark:
-            lo, hi = 0, first.peak_reserved_bytes
+        greedy = first.cudnn_benchmark
+        lo, hi = (0 if greedy else first.peak_allocated_bytes - 1), first.peak_reserved_bytes
 
-            def step_at(hi: int) -> int:
-                return max(int(tolerance * hi), 2 << 20)
-        else:
-            lo, hi = first.peak_allocated_bytes - 1, first.peak_reserved_bytes
-            fixed = max(int(tolerance * first.peak_allocated_bytes), 2 << 20)
-
-            def step_at(hi: int) -> int:
-                return fixed
+        def step_at(hi: int) -> int:
+            return max(int(tolerance * (hi if greedy else first.peak_allocated_bytes)), 2 << 20)
         if hint_bytes is not None and lo < hint_bytes < hi:
             t = run_trial(spec, batch_size=batch_size, precision=precision, cap_bytes=hint_bytes, changes=changes)
             trials.append(t)
