@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import adamw, ce, double_conv, hf_model, monai_loss, monai_net, volumes  # noqa: E402
+from recipes import adamw, ce, double_conv, encoder, hf_model, monai_loss, monai_net, volumes  # noqa: E402
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -147,11 +147,7 @@ class _AdditiveUNet(nn.Module):
 
     def __init__(self, bands: int = 3, classes: int = 2, widths: tuple[int, ...] = (32, 64, 128, 256)) -> None:
         super().__init__()
-        self.enc = nn.ModuleList()
-        c = bands
-        for w in widths:
-            self.enc.append(double_conv(c, w))
-            c = w
+        self.enc = encoder(bands, widths)
         self.lateral = nn.ModuleList(nn.Conv2d(widths[i + 1], widths[i], 1) for i in range(len(widths) - 1))
         self.dec = nn.ModuleList(double_conv(widths[i], widths[i]) for i in range(len(widths) - 1))
         self.head = nn.Conv2d(widths[0], classes, 1)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipes import adamw, ce, double_conv, hf_model, timm_model  # noqa: E402
+from recipes import adamw, ce, double_conv, encoder, hf_model, timm_model  # noqa: E402
 from recipes import tv_model as _tv
 
 from memfit import Workload  # noqa: E402
@@ -127,11 +127,7 @@ class _SiameseChangeUNet(nn.Module):
 
     def __init__(self, bands: int = 4, widths: tuple[int, ...] = (32, 64, 128, 256)) -> None:
         super().__init__()
-        self.enc = nn.ModuleList()
-        c = bands
-        for w in widths:
-            self.enc.append(double_conv(c, w))
-            c = w
+        self.enc = encoder(bands, widths)
         self.dec = nn.ModuleList(double_conv(widths[i + 1] + widths[i], widths[i]) for i in reversed(range(len(widths) - 1)))
         self.head = nn.Conv2d(widths[0], 2, 1)
 

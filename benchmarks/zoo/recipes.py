@@ -80,6 +80,12 @@ def double_conv(cin: int, cout: int, dims: int = 2) -> torch.nn.Sequential:
                                conv(cout, cout, 3, padding=1, bias=False), norm(cout), torch.nn.ReLU(inplace=True))
 
 
+def encoder(cin: int, widths: tuple[int, ...], dims: int = 2) -> torch.nn.ModuleList:
+    """A U-Net's encoder stages: ``double_conv`` from ``cin`` to each of ``widths`` in turn (the pooling between them
+    is the caller's)."""
+    return torch.nn.ModuleList(double_conv(a, b, dims) for a, b in zip((cin, *widths[:-1]), widths))
+
+
 def monai_net(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
     """A network of ``monai.networks.nets``."""
     def build() -> torch.nn.Module:
