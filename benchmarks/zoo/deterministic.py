@@ -12,7 +12,15 @@ validation: nothing in ``src`` is fitted to it.
 The steps: a seeded sample of ``allocator_draw.candidates()``, of any kind (convolutions, attention, embeddings,
 scatter and index ops all have deterministic variants).
 
-    python benchmarks/zoo/deterministic.py      # prints the drawn steps
+A fifteenth draw, written down on 2026-11-30 (session 38) after the fourteenth had set the bound's
+``deterministic_algorithms`` width (15 %) and before memfit estimated or measured any of its steps: fresh steps (none
+of the fourteenth's) to judge that width. The fourteenth found only half-precision dense-output convolutional
+networks moving, so the draw is stratified: ``FRESH_DENSE`` steps whose name marks a dense output (segmentation,
+registration, super-resolution, depth: ``DENSE_MARKS``) and ``FRESH_OTHER`` of the rest, each a seeded sample.
+Every number from it is validation of that width: nothing in ``src`` is fitted to it.
+
+    python benchmarks/zoo/deterministic.py           # prints the fourteenth draw's steps
+    python benchmarks/zoo/deterministic.py fresh     # prints the fifteenth's
 """
 
 from __future__ import annotations
@@ -32,10 +40,27 @@ SEED = 20261132
 COUNT = 12
 DETERMINISTIC = "deterministic"
 
+FRESH_SEED = 20261138
+FRESH_DENSE = 12
+FRESH_OTHER = 8
+DENSE_MARKS = ("smp_", "nnunet", "unet", "fcn", "lraspp", "deeplab", "superres", "voxelmorph", "localnet", "dpt",
+               "upernet", "segresnet", "conv_vae")
+"""Name fragments of the zoo's steps with a dense (per-pixel or per-voxel) output."""
+
 
 def drawn() -> list[str]:
-    """The steps of the draw: a seeded sample of the measured candidates, sorted."""
+    """The steps of the fourteenth draw: a seeded sample of the measured candidates, sorted."""
     return sorted(random.Random(SEED).sample(candidates(), COUNT))
+
+
+def drawn_fresh() -> list[str]:
+    """The steps of the fifteenth draw: of the candidates the fourteenth did not take, a seeded sample of the dense
+    ones and one of the rest, sorted."""
+    left = sorted(set(candidates()) - set(drawn()))
+    dense = [n for n in left if any(mark in n for mark in DENSE_MARKS)]
+    other = [n for n in left if n not in dense]
+    rng = random.Random(FRESH_SEED)
+    return sorted(rng.sample(dense, FRESH_DENSE) + rng.sample(other, FRESH_OTHER))
 
 
 def _deterministic() -> None:
@@ -47,6 +72,8 @@ def _deterministic() -> None:
 
 
 if __name__ == "__main__":
-    print(",".join(drawn()))
+    print(",".join(drawn_fresh() if sys.argv[1:] == ["fresh"] else drawn()))
 else:
     globals().update(variants(drawn(), "det", _deterministic, "deterministic algorithms (warn only)", DETERMINISTIC))
+    globals().update(variants(drawn_fresh(), "det2", _deterministic, "deterministic algorithms (warn only)",
+                              DETERMINISTIC))
