@@ -492,8 +492,15 @@ def main() -> None:
                                                 "conv_3d_half", "conv_3d_head_half", "conv_3d_stem", "conv_fp32_channels", "conv_channels_last", "conv_channels_last_odd", "conv_channels_last_wide", "conv_channels_last_large", "lstm",
                                                 "rnn"),
                         help="measure one family only")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="with deterministic algorithms, as Lightning's Trainer(deterministic='warn') sets them "
+                             "(cuDNN picks among its deterministic algorithms only); the file is named _deterministic")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False  # PyTorch's default: cuDNN's heuristics pick the algorithm
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS's first handle
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
     torch.randn(8, 8, device="cuda") @ torch.randn(8, 8, device="cuda")  # cuBLAS workspace out of the way
     families = {"conv": conv_rows, "conv_large": conv_large_rows, "conv_2d_xl": conv_2d_xl_rows, "conv_narrow": conv_narrow_rows,
                 "conv_narrow_trigger": conv_narrow_trigger_rows, "conv_3d_xl": conv_3d_xl_rows,
@@ -512,8 +519,9 @@ def main() -> None:
     rows = [r for name, fn in families.items() if args.only in (None, name) for r in fn()]
     props = torch.cuda.get_device_properties(0)
     result = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
-              "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(), "rows": rows}
-    family = f"_{args.only}" if args.only else ""
+              "cudnn": torch.backends.cudnn.version(), "date": dt.date.today().isoformat(),
+              "deterministic": args.deterministic, "rows": rows}
+    family = (f"_{args.only}" if args.only else "") + ("_deterministic" if args.deterministic else "")
     path = Path(args.out) / f"{stem('cudnn_calibration' + family, card(props.name), torch.__version__)}.json"
     path.write_text(json.dumps(result, indent=0))
     print(f"{len(rows)} rows -> {path}")

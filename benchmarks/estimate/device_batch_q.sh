@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Session 38's device calls (H200), from the repository root, writing under $OUT.
+#   bash benchmarks/estimate/device_batch_q.sh deterministic   # the fifteenth draw (zoo/deterministic.py fresh):
+#       # its steps measured (peaks, then the smallest cap that runs) from their committed predictions, and beside
+#       # them cuDNN's deterministic algorithms' workspaces on the calibration grids (calibrate_cudnn.py
+#       # --deterministic), one family after another
+#   bash benchmarks/estimate/device_batch_q.sh draw COVERAGE_JSON KIND NAMES   # any fresh draw (see _site.sh)
+#   bash benchmarks/estimate/device_batch_q.sh tests   # the GPU tests (one GPU)
+set -u
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements
+
+case "$1" in
+  deterministic)
+    names=$(python3 benchmarks/zoo/deterministic.py fresh | tr ',' '\n' | sed 's/^/det2_/' | paste -sd,)
+    ZOO_RESERVE_GIB=24 draw_measurements \
+      benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_fresh_h200_s38.json \
+      zoo_deterministic_fresh_measurements "$names" &
+    mkdir -p "$OUT/calibration"
+    start=$SECONDS
+    for family in conv_narrow conv_head_half conv_3d_half conv conv_large conv_fp32_channels conv_channels_last \
+                  conv_pointwise_half; do
+      left=$((500 - (SECONDS - start)))
+      if [ $left -lt 30 ]; then echo "$family: no time left" >> "$OUT/calibration/calibrate.log"; continue; fi
+      timeout $((left < 150 ? left : 150)) python3 benchmarks/calibrate_cudnn.py --deterministic --only "$family" --out "$OUT/calibration" \
+        >> "$OUT/calibration/calibrate.log" 2>&1 || echo "$family: rc $?" >> "$OUT/calibration/calibrate.log"
+    done
+    wait
+    tail -n 20 "$OUT/calibration/calibrate.log"
+    ;;
+  draw)
+    draw_measurements "$2" "$3" "$4"
+    ;;
+  tests)
+    gpu_tests 570
+    ;;
+esac
