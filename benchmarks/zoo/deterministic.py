@@ -19,8 +19,14 @@ networks moving, so the draw is stratified: ``FRESH_DENSE`` steps whose name mar
 registration, super-resolution, depth: ``DENSE_MARKS``) and ``FRESH_OTHER`` of the rest, each a seeded sample.
 Every number from it is validation of that width: nothing in ``src`` is fitted to it.
 
+A sixteenth draw, written down on 2026-11-30 (session 38) after the fifteenth had shown the width failing (HF DPT's
+bound 11.8 % under its cap) and memfit had since traced bilinear and trilinear upsampling as CUDA runs them under
+deterministic algorithms, with the width set to 0, and before memfit estimated or measured any of its steps:
+``SIXTEENTH_DENSE`` dense and ``SIXTEENTH_OTHER`` other steps that neither earlier draw took, to judge that change.
+
     python benchmarks/zoo/deterministic.py           # prints the fourteenth draw's steps
     python benchmarks/zoo/deterministic.py fresh     # prints the fifteenth's
+    python benchmarks/zoo/deterministic.py sixteenth # prints the sixteenth's
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ FRESH_OTHER = 8
 DENSE_MARKS = ("smp_", "nnunet", "unet", "fcn", "lraspp", "deeplab", "superres", "voxelmorph", "localnet", "dpt",
                "upernet", "segresnet", "conv_vae")
 """Name fragments of the zoo's steps with a dense (per-pixel or per-voxel) output."""
+SIXTEENTH_SEED = 20261139
+SIXTEENTH_DENSE = 10
+SIXTEENTH_OTHER = 6
 
 
 def drawn() -> list[str]:
@@ -53,14 +62,24 @@ def drawn() -> list[str]:
     return sorted(random.Random(SEED).sample(candidates(), COUNT))
 
 
+def _stratified(taken: list[str], seed: int, dense_count: int, other_count: int) -> list[str]:
+    """Of the candidates not in ``taken``, a seeded sample of the dense ones and one of the rest, sorted."""
+    left = sorted(set(candidates()) - set(taken))
+    dense = [n for n in left if any(mark in n for mark in DENSE_MARKS)]
+    other = [n for n in left if n not in dense]
+    rng = random.Random(seed)
+    return sorted(rng.sample(dense, dense_count) + rng.sample(other, other_count))
+
+
 def drawn_fresh() -> list[str]:
     """The steps of the fifteenth draw: of the candidates the fourteenth did not take, a seeded sample of the dense
     ones and one of the rest, sorted."""
-    left = sorted(set(candidates()) - set(drawn()))
-    dense = [n for n in left if any(mark in n for mark in DENSE_MARKS)]
-    other = [n for n in left if n not in dense]
-    rng = random.Random(FRESH_SEED)
-    return sorted(rng.sample(dense, FRESH_DENSE) + rng.sample(other, FRESH_OTHER))
+    return _stratified(drawn(), FRESH_SEED, FRESH_DENSE, FRESH_OTHER)
+
+
+def drawn_sixteenth() -> list[str]:
+    """The steps of the sixteenth draw: the same, of the candidates neither the fourteenth nor the fifteenth took."""
+    return _stratified(drawn() + drawn_fresh(), SIXTEENTH_SEED, SIXTEENTH_DENSE, SIXTEENTH_OTHER)
 
 
 def _deterministic() -> None:
@@ -72,8 +91,11 @@ def _deterministic() -> None:
 
 
 if __name__ == "__main__":
-    print(",".join(drawn_fresh() if sys.argv[1:] == ["fresh"] else drawn()))
+    print(",".join({"fresh": drawn_fresh, "sixteenth": drawn_sixteenth}.get(sys.argv[1] if sys.argv[1:] else "",
+                                                                            drawn)()))
 else:
     globals().update(variants(drawn(), "det", _deterministic, "deterministic algorithms (warn only)", DETERMINISTIC))
     globals().update(variants(drawn_fresh(), "det2", _deterministic, "deterministic algorithms (warn only)",
+                              DETERMINISTIC))
+    globals().update(variants(drawn_sixteenth(), "det3", _deterministic, "deterministic algorithms (warn only)",
                               DETERMINISTIC))
