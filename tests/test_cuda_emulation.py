@@ -1,5 +1,6 @@
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -1054,3 +1055,112 @@ def test_an_fp16_softmax_under_autocast_keeps_no_fp32_copy_of_its_input(precisio
     assert bool(fp32_copies) == copied
     # the outputs are fp32 either way
     assert sum(a.op in ("_softmax", "_log_softmax") and a.nbytes == scores_fp32 for a in trace.allocs) >= 2
+
+
+class _Upsampling(torch.nn.Module):
+    """A segmentation head's end: a convolution to 5 classes, then bilinear (2-D) or trilinear (3-D) upsampling."""
+
+    def __init__(self, dims: int) -> None:
+        super().__init__()
+        self.dims = dims
+        self.conv = (torch.nn.Conv2d if dims == 2 else torch.nn.Conv3d)(3, 5, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mode = "bilinear" if self.dims == 2 else "trilinear"
+        return torch.nn.functional.interpolate(self.conv(x), scale_factor=4, mode=mode, align_corners=False)
+
+
+_UPSAMPLING_INPUT = {2: (4, 3, 96, 96), 3: (1, 3, 24, 24, 24)}
+
+
+@pytest.fixture
+def deterministic_algorithms() -> Iterator[None]:
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _upsampling_ops(dims: int) -> list[str]:
+    with StaticShapeFakeTensorMode(allow_non_fake_inputs=True), CudaSemantics(), _Names() as ops:
+        _Upsampling(dims)(torch.randn(_UPSAMPLING_INPUT[dims]))
+    return ops.names
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_upsampling_runs_its_kernel_by_default(dims: int) -> None:
+    names = _upsampling_ops(dims)
+    assert any(n.startswith(f"upsample_{'bilinear2d' if dims == 2 else 'trilinear3d'}") for n in names)
+    assert "_unsafe_index.Tensor" not in names
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_upsampling_under_deterministic_algorithms_runs_the_decomposition_cuda_runs(
+        dims: int, deterministic_algorithms: None) -> None:
+    # torch/nn/functional.py: interpolate sends a tensor that is not on the CPU to _upsample_linear_vec under
+    # deterministic algorithms (its backward an index_put with accumulation); a fake CPU tensor would take the kernel
+    names = _upsampling_ops(dims)
+    assert not any(n.startswith("upsample_") for n in names)
+    assert names.count("_unsafe_index.Tensor") == 2 ** dims  # one gather per corner of the cell
+    # and only inside the trace: outside it, a CPU tensor runs the kernel, as torch decides
+    with _Names() as ops:
+        _Upsampling(dims)(torch.randn(_UPSAMPLING_INPUT[dims]))
+    assert any(n.startswith("upsample_") for n in ops.names)
+
+
+def _upsampling_workload(dims: int) -> Any:
+    from memfit import Workload
+
+    return Workload(model=lambda: _Upsampling(dims), batch=lambda n: (torch.randn(n, *_UPSAMPLING_INPUT[dims][1:]),),
+                    batch_size=_UPSAMPLING_INPUT[dims][0], loss=lambda out, b: out.square().mean(),
+                    optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+
+
+def _estimated_peak(dims: int, deterministic: bool) -> int:
+    from memfit import estimate
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    try:
+        return estimate(_upsampling_workload(dims), gpu="h200").peak_allocated_bytes
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_deterministic_upsampling_is_estimated_with_its_gathers(dims: int) -> None:
+    # the decomposition's forward holds 2**dims gathered copies of the input at the output's size
+    out_bytes = math.prod(_UPSAMPLING_INPUT[dims][:1]) * 5 * math.prod(4 * s for s in _UPSAMPLING_INPUT[dims][2:]) * 4
+    assert _estimated_peak(dims, True) - _estimated_peak(dims, False) >= (2 ** dims - 1) * out_bytes
+
+
+def _cuda_step_peak(dims: int, deterministic: bool) -> int:
+    """Peak allocated above the model and batch over one forward and backward on CUDA, with or without
+    deterministic algorithms."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    try:
+        torch.manual_seed(0)
+        model = _Upsampling(dims).cuda()
+        x = torch.randn(_UPSAMPLING_INPUT[dims], device="cuda")
+        for _ in range(2):  # the first also sets up cuDNN
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            model(x).square().mean().backward()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+            model.zero_grad(set_to_none=True)
+        return peak
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [2, 3])
+def test_deterministic_upsampling_costs_on_cuda_what_the_estimate_adds(dims: int) -> None:
+    # what the setting adds to a step on the GPU, against what it adds to the estimate: within 3 % and 2 MiB
+    measured = _cuda_step_peak(dims, True) - _cuda_step_peak(dims, False)
+    estimated = _estimated_peak(dims, True) - _estimated_peak(dims, False)
+    assert measured > 0
+    assert estimated == pytest.approx(measured, rel=0.03, abs=2 << 20), (measured, estimated)

@@ -4,6 +4,8 @@
 #       # its steps measured (peaks, then the smallest cap that runs) from their committed predictions, and beside
 #       # them cuDNN's deterministic algorithms' workspaces on the calibration grids (calibrate_cudnn.py
 #       # --deterministic), one family after another
+#   bash benchmarks/estimate/device_batch_q.sh sixteenth   # the sixteenth draw (zoo/deterministic.py sixteenth),
+#       # beside the CUDA emulation's GPU tests and the deterministic index ops' blocks
 #   bash benchmarks/estimate/device_batch_q.sh draw COVERAGE_JSON KIND NAMES   # any fresh draw (see _site.sh)
 #   bash benchmarks/estimate/device_batch_q.sh tests   # the GPU tests (one GPU)
 set -u
@@ -26,6 +28,19 @@ case "$1" in
     done
     wait
     tail -n 20 "$OUT/calibration/calibrate.log"
+    # a call brings back a limited number of files: one archive
+    tar czf "$OUT/calibration.tar.gz" -C "$OUT" calibration && rm -rf "$OUT/calibration"
+    ;;
+  sixteenth)  # the sixteenth draw from its committed predictions, beside the GPU tests of the CUDA emulation and
+    # the deterministic index ops' blocks (calibrate_deterministic_index.py)
+    names=$(python3 benchmarks/zoo/deterministic.py sixteenth | tr ',' '\n' | sed 's/^/det3_/' | paste -sd,)
+    ZOO_RESERVE_GIB=24 draw_measurements \
+      benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_sixteenth_h200_s38.json \
+      zoo_deterministic_sixteenth_measurements "$names" &
+    gpu_test_files gpu_tests_emulation 500 tests/test_cuda_emulation.py
+    timeout 60 python3 benchmarks/calibrate_deterministic_index.py --out "$OUT" > "$OUT/deterministic_index.log" 2>&1
+    tail -n 3 "$OUT/deterministic_index.log"
+    wait
     ;;
   draw)
     draw_measurements "$2" "$3" "$4"

@@ -65,6 +65,7 @@ __all__ = [
     "current_autograd_node",
     "is_view",
     "coo_parts",
+    "cuda_branches_under_deterministic_algorithms",
     "sparse_coo",
     "set_sparse",
     "sparse_coo_op",
@@ -763,3 +764,63 @@ def module_apply_without_swap() -> Iterator[None]:
     finally:
         torch.nn.Module._apply = original  # type: ignore[method-assign]
         memo.clear()
+
+
+def _deterministic_on_cuda() -> bool:
+    return torch.are_deterministic_algorithms_enabled() and not torch.jit.is_scripting()
+
+
+@contextlib.contextmanager
+def cuda_branches_under_deterministic_algorithms() -> Iterator[None]:
+    """Inside: the calls ``torch.nn.functional`` makes into ``torch._C._nn`` take the decompositions a CUDA tensor
+    takes there under deterministic algorithms, decided at each call (a fake CPU tensor fails those branches'
+    ``is_cuda``/``is_cpu`` test, torch/nn/functional.py):
+
+    * ``interpolate``'s bilinear (4-D) and trilinear (5-D) modes: ``torch._decomp.decompositions``'s
+      ``_upsample_linear_vec``, whose forward gathers the input 2**dims times at the output's size and whose
+      backward is an ``index_put`` with accumulation, instead of one kernel;
+    * ``pad``'s replicate mode: ``_replication_pad``;
+    * ``max_pool3d_with_indices`` (``return_indices=True``): its decomposition.
+
+    Only ``interpolate``'s call (four positional arguments: the ``.vec`` overload) is taken for the upsamplings; a
+    direct call to ``torch._C._nn.upsample_bilinear2d`` with per-axis scales runs the kernel, as on CUDA. Where the
+    installed torch has no such decomposition, the call is left alone."""
+    from torch._decomp import decompositions
+
+    nn = torch._C._nn
+    saved: dict[str, Callable[..., Any]] = {}
+
+    def upsample(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if len(args) == 4 and not kwargs and _deterministic_on_cuda():
+                return decompositions._upsample_linear_vec(*args)
+            return real(*args, **kwargs)
+        return call
+
+    def pad(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(input: torch.Tensor, pad: Any, mode: str = "constant", value: float | None = None) -> Any:
+            if mode == "replicate" and _deterministic_on_cuda():
+                return decompositions._replication_pad(input, pad)
+            return real(input, pad, mode, value)
+        return call
+
+    def max_pool3d(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if _deterministic_on_cuda():
+                return decompositions.max_pool3d_with_indices(*args, **kwargs)
+            return real(*args, **kwargs)
+        return call
+
+    wrappers = {"upsample_bilinear2d": (upsample, "_upsample_linear_vec"),
+                "upsample_trilinear3d": (upsample, "_upsample_linear_vec"),
+                "pad": (pad, "_replication_pad"),
+                "max_pool3d_with_indices": (max_pool3d, "max_pool3d_with_indices")}
+    for name, (wrap, decomposition) in wrappers.items():
+        if hasattr(nn, name) and hasattr(decompositions, decomposition):
+            saved[name] = getattr(nn, name)
+            setattr(nn, name, wrap(saved[name]))
+    try:
+        yield
+    finally:
+        for name, real in saved.items():
+            setattr(nn, name, real)

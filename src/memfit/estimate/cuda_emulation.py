@@ -16,6 +16,10 @@ kernels keep different tensors alive:
   ``enable_gqa``) take the math path, as on CUDA.
 * **Linear with a bias on a non-contiguous input.** CUDA adds the bias in place; a fake tensor, a tensor subclass,
   takes the composite's out-of-place add (one more output-sized block).
+* **Deterministic algorithms.** Under ``torch.use_deterministic_algorithms(True)`` a CUDA tensor takes Python-level
+  decompositions in ``torch.nn.functional`` (bilinear and trilinear ``interpolate``, replicate ``pad``,
+  ``max_pool3d_with_indices``) that save and gather other tensors than the kernels a CPU tensor runs
+  (``memfit._torch_private.cuda_branches_under_deterministic_algorithms``).
 * **RNNs.** CUDA runs ``nn.LSTM``/``GRU``/``RNN`` as one fused cuDNN call (``memfit.estimate.cudnn_rnn``); CPU runs
   them cell by cell. Their ``flatten_parameters`` moves the weights into one buffer on CUDA and does nothing on the
   CPU. ``nn.LSTMCell``/``GRUCell`` run as two matmuls and CUDA's fused cell kernel (``_FusedLSTMCell``).
@@ -26,6 +30,7 @@ CUDA tensors (research/feasibility.md section 4: forward peaks agree within 0.2 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -531,6 +536,7 @@ class CudaSemantics:
         self._saved_clear: Callable[[], None] | None = None
         self._saved_flatten: Callable[[torch.nn.RNNBase], None] | None = None
         self._saved_swap: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self._branches: contextlib.AbstractContextManager[None] | None = None
 
     def __enter__(self) -> CudaSemantics:
         lib = self._override.__enter__()
@@ -572,9 +578,14 @@ class CudaSemantics:
         # Module.to() / .float() in the step (Switch Transformers' router casts its classifier in forward)
         self._saved_swap = torch.utils.swap_tensors
         torch.utils.swap_tensors = _swap_as_on_cuda(self._saved_swap)
+        self._branches = tp.cuda_branches_under_deterministic_algorithms()
+        self._branches.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._branches is not None:
+            self._branches.__exit__(None, None, None)  # restores the functions whatever happened
+            self._branches = None
         if self._saved_flatten is not None:
             torch.nn.RNNBase.flatten_parameters = self._saved_flatten  # type: ignore[method-assign,assignment]
             self._saved_flatten = None
