@@ -6,6 +6,7 @@
 #       # --deterministic), one family after another
 #   bash benchmarks/estimate/device_batch_q.sh sixteenth   # the sixteenth draw (zoo/deterministic.py sixteenth),
 #       # beside the CUDA emulation's GPU tests and the deterministic index ops' blocks
+#   bash benchmarks/estimate/device_batch_q.sh sixteenth_rest FOLDER NAMES   # its entries left, and the probe
 #   bash benchmarks/estimate/device_batch_q.sh draw COVERAGE_JSON KIND NAMES   # any fresh draw (see _site.sh)
 #   bash benchmarks/estimate/device_batch_q.sh tests   # the GPU tests (one GPU)
 set -u
@@ -40,6 +41,15 @@ case "$1" in
     gpu_test_files gpu_tests_emulation 500 tests/test_cuda_emulation.py
     timeout 60 python3 benchmarks/calibrate_deterministic_index.py --out "$OUT" > "$OUT/deterministic_index.log" 2>&1
     tail -n 3 "$OUT/deterministic_index.log"
+    wait
+    ;;
+  sixteenth_rest)  # the sixteenth draw's entries an earlier call left ($2: its folder, committed), beside the
+    # CUDA emulation's GPU tests and the upsampling probe
+    ZOO_DONE=$2 ZOO_BUDGET_S=${ZOO_BUDGET_S:-240} ZOO_RESERVE_GIB=24 draw_measurements \
+      benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_sixteenth_h200_s38.json \
+      zoo_deterministic_sixteenth_measurements "$3" &
+    gpu_test_files gpu_tests_emulation 250 tests/test_cuda_emulation.py
+    python3 benchmarks/estimate/upsampling_probe.py > "$OUT/upsampling_probe.json" 2> "$OUT/upsampling_probe.log"
     wait
     ;;
   draw)
