@@ -7,6 +7,7 @@
 #   bash benchmarks/estimate/device_batch_q.sh sixteenth   # the sixteenth draw (zoo/deterministic.py sixteenth),
 #       # beside the CUDA emulation's GPU tests and the deterministic index ops' blocks
 #   bash benchmarks/estimate/device_batch_q.sh sixteenth_rest FOLDER NAMES   # its entries left, and the probe
+#   bash benchmarks/estimate/device_batch_q.sh probe NAME[,NAME]   # the largest blocks alive at each step's peak
 #   bash benchmarks/estimate/device_batch_q.sh draw COVERAGE_JSON KIND NAMES   # any fresh draw (see _site.sh)
 #   bash benchmarks/estimate/device_batch_q.sh tests   # the GPU tests (one GPU)
 set -u
@@ -51,6 +52,12 @@ case "$1" in
     gpu_test_files gpu_tests_emulation 250 tests/test_cuda_emulation.py
     python3 benchmarks/estimate/upsampling_probe.py > "$OUT/upsampling_probe.json" 2> "$OUT/upsampling_probe.log"
     wait
+    ;;
+  probe)  # what is alive at the peak of the steps $2 (comma-separated), beside the CUDA emulation's GPU tests
+    timeout 400 python3 benchmarks/estimate/peak_blocks_probe.py "$2" > "$OUT/peak_blocks.json" 2> "$OUT/peak_blocks.log" &
+    gpu_test_files gpu_tests_emulation 250 tests/test_cuda_emulation.py
+    wait
+    tail -n 3 "$OUT/peak_blocks.log"
     ;;
   draw)
     draw_measurements "$2" "$3" "$4"

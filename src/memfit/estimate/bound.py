@@ -41,6 +41,7 @@ UncertaintyReason = Literal[
     "workspace_fallback",
     "cudnn_benchmark",
     "deterministic_algorithms",
+    "deterministic_roi_align",
 ]
 
 # Widths, as fractions of the replayed cap. Each says what it covers and where it comes from.
@@ -136,6 +137,15 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # width (benchmarks/results/estimate/deterministic_fix_h200_torch2.11_20261130_s38.md; fit data: the fix and
     # this width were chosen after those draws; the sixteenth draw judges them). Named, not widened
     "deterministic_algorithms": 0.0,
+    # torchvision's roi_align under deterministic algorithms: for a CUDA tensor it runs its pure PyTorch
+    # implementation through torch.compile (torchvision/ops/roi_align.py, _roi_align under lazy_compile), which memfit
+    # does not model (the trace runs the kernel; an eager trace of the implementation was tried and came out under
+    # too, 8.35 GiB for Faster R-CNN v2). The sixteenth draw's two detection steps, run so on an H200, needed caps
+    # 1.87 x (Faster R-CNN v2) and 1.87 x (Mask R-CNN v2) the fits_in estimated without the setting, and peaked at
+    # 11.8 and 6.3 GiB allocated (7.4 and 4.1 GB without it). Doubling the replayed cap covers both: a width chosen
+    # on those two steps (fit data), for a case memfit cannot estimate yet
+    # (benchmarks/results/estimate/deterministic_sixteenth_draw_h200_torch2.11_20261130_s38.md)
+    "deterministic_roi_align": 1.0,
 }
 
 _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACachingAllocator.cpp kLargeBuffer)
@@ -176,7 +186,7 @@ def upper_bound(replayed_bytes: int, reasons: dict[UncertaintyReason, str],
 
 STRUCTURAL: frozenset[UncertaintyReason] = frozenset(
     {"rnn_kernel", "reentrant_checkpoint", "sparse_data", "compiled", "optimizer_state_rule",
-     "deterministic_algorithms"})
+     "deterministic_algorithms", "deterministic_roi_align"})
 """The reasons a trace records from its ops and modules alone (an RNN module, a convolution recomputed by reentrant
 checkpointing, a sparse tensor, a compiled module, torchao's 8-bit states, a convolution under deterministic
 algorithms), never from sizes or values: every trace of the same op sequence records them, at any batch size. The

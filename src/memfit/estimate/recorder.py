@@ -447,6 +447,13 @@ class Recorder(tp.TorchDispatchMode):
         self.costs.record(func, name, args, kwargs, out, recompute=recompute, reentrant=reentrant,
                           selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
+        if (name == "roi_align" and torch.are_deterministic_algorithms_enabled()
+                and "deterministic_roi_align" not in self.trace.uncertain):
+            self.note_rule("deterministic_roi_align", (
+                f"torchvision's roi_align under deterministic algorithms "
+                f"({self.module_stack[-1] if self.module_stack else 'the step'}): on CUDA it runs a "
+                "Python implementation through torch.compile, whose memory memfit does not model (two detection "
+                "steps measured 1.9 x the estimate without the setting); the bound doubles"))
         if name == "convolution":
             if torch.backends.cudnn.benchmark and "cudnn_benchmark" not in self.trace.uncertain:
                 self.note_rule("cudnn_benchmark", (
