@@ -1136,14 +1136,13 @@ def test_deterministic_upsampling_is_estimated_with_its_gathers(dims: int) -> No
 
 def _cuda_step_peak(dims: int, deterministic: bool) -> int:
     """Peak allocated, above what the process held before, over the third of three steps of the plain loop on CUDA
-    (``out = model(x)``: the last step's
-    output and loss stay alive into this step's forward, as the estimate's loop keeps them), with or without
-    deterministic algorithms."""
+    (``out = model(x)``: the last step's output and loss stay alive into this step's forward, as the estimate's loop
+    keeps them), with or without deterministic algorithms."""
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     try:
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()  # what earlier tests in this process left
+        held = torch.cuda.memory_allocated()  # what earlier tests in this process left
         torch.manual_seed(0)
         model = _Upsampling(dims).cuda()
         x = torch.randn(_UPSAMPLING_INPUT[dims], device="cuda")
@@ -1157,7 +1156,7 @@ def _cuda_step_peak(dims: int, deterministic: bool) -> int:
             loss.backward()
             torch.cuda.synchronize()
         del out, loss
-        return torch.cuda.max_memory_allocated() - before
+        return torch.cuda.max_memory_allocated() - held
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
