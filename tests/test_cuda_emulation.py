@@ -1164,12 +1164,15 @@ def _cuda_step_peak(dims: int, deterministic: bool) -> int:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [2, 3])
 def test_a_deterministic_upsampling_step_peaks_on_cuda_where_the_estimate_says(dims: int) -> None:
-    # the step's peak on the GPU against the estimate's, within 3 % (the 2-D step's is about 101 MB), and the
-    # setting's cost on both, which its first runs compared alone: the 3-D one to the byte, the 2-D one 2.4 MB (6.5 %)
-    # above CUDA's, from the step without the setting (whose peak is in the backward, with the convolution's)
+    # the step's peak on the GPU against the estimate's, within 3 % or 6 MiB, and the setting's cost on both within
+    # 10 %. The 2-D step's estimate is above CUDA's peak by 0.75 MiB for each upsampled-sized block alive at it (3 MiB
+    # without the setting, 5.25 MiB with it: blocks of 11.25 MiB counted as the 12 MiB the allocator may leave
+    # unsplit, CUDACachingAllocator.cpp should_split; CUDA split them in this run), with or without the setting.
+    # Measured on an H200 (benchmarks/results/tests/gpu_tests_emulation_h200_torch2.11_20261130_s38_r*.log): 3-D to
+    # the byte; 2-D 95.57 MB measured, 101.08 MB estimated
     measured = {det: _cuda_step_peak(dims, det) for det in (False, True)}
     estimated = {det: _estimated_peak(dims, det) for det in (False, True)}
     context = f"measured {measured}, estimated {estimated}"
-    assert estimated[True] == pytest.approx(measured[True], rel=0.03), context
+    assert estimated[True] == pytest.approx(measured[True], rel=0.03, abs=6 << 20), context
     cost = measured[True] - measured[False]
     assert cost > 0 and estimated[True] - estimated[False] == pytest.approx(cost, rel=0.1), context
