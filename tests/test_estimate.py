@@ -248,6 +248,42 @@ def test_deterministic_algorithms_are_named_in_a_step_with_convolutions(monkeypa
     assert "deterministic_algorithms" not in {u.reason for u in strict_mlp.uncertainty}  # no convolution
 
 
+@torch.library.custom_op("memfit_test::roi_align", mutates_args=())
+def _stand_in_roi_align(features: torch.Tensor) -> torch.Tensor:
+    """An op named as torchvision's roi_align (the trace knows ops by name; CI has no torchvision)."""
+    return features[:, :, :7, :7].clone()
+
+
+@_stand_in_roi_align.register_fake
+def _(features: torch.Tensor) -> torch.Tensor:
+    return features.new_empty(features.shape[0], features.shape[1], 7, 7)
+
+
+def _roi_step() -> Workload:
+    return Workload(model=lambda: torch.nn.Linear(8, 8),
+                    batch=lambda n: (torch.randn(n, 8, 16, 16),),
+                    forward=lambda model, b: model(_stand_in_roi_align(b[0]).permute(0, 2, 3, 1)),
+                    loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                    batch_size=4)
+
+
+def test_roi_align_under_deterministic_algorithms_doubles_the_bound():
+    # torchvision runs roi_align through torch.compile on CUDA then; two detection steps needed 1.87 x (H200)
+    from memfit.estimate.bound import WIDTHS
+
+    plain = estimate(_roi_step())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        strict = estimate(_roi_step())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "deterministic_roi_align" not in {u.reason for u in plain.uncertainty}
+    reasons = {u.reason: u for u in strict.uncertainty}
+    assert reasons["deterministic_roi_align"].widen == WIDTHS["deterministic_roi_align"] == 1.0
+    assert strict.fits_in_bytes == plain.fits_in_bytes
+    assert strict.fits_in_upper_bytes >= plain.fits_in_upper_bytes + strict.fits_in_replay_bytes
+
+
 def test_a_model_with_lazy_modules_estimates_as_its_plain_twin():
     # nn.LazyLinear & co. take their sizes from their first input; materialized, they are their plain twins
     from torch import nn
