@@ -127,15 +127,19 @@ WIDTHS: dict[UncertaintyReason, float] = {
     "cudnn_benchmark": 0.0,
     # deterministic algorithms on (torch.use_deterministic_algorithms, torch.backends.cudnn.deterministic: Lightning's
     # Trainer(deterministic=...), HF's enable_full_determinism) in a step with convolutions: cuDNN runs only its
-    # deterministic algorithms. Their workspaces, on four of calibrate_cudnn.py's grids run so on an H200 (1052 shapes,
-    # 2-D and 3-D, fp32 and half, channels-last), were within 5.5 MB of the heuristics' choice the trace charges
+    # deterministic algorithms. Four of calibrate_cudnn.py's grids run so on an H200 (1052 shapes, 2-D and 3-D, fp32
+    # and half, channels-last) against the same grids without it (measured on earlier days): 76 shapes' workspaces
+    # differed, by up to +172 MB (an fp32 3x3 384 -> 384 at 192², batch 24: 2.72 -> 2.90 GB), +21 MB (one input: half
+    # 1x1 layers that took none) and -340 MB; the other grids' shapes within 5.5 MB
     # (benchmarks/results/estimate/cudnn_calibration_*_deterministic_h200_torch2.11_20261130.json). What had moved
     # the fourteenth draw's caps (-7.2 ... +21.2 %) and the fifteenth's (allocated up to +45 %, HF DPT) was
     # torch.nn.functional's bilinear upsampling, which takes a decomposition on CUDA under the setting; the trace takes
     # it too since session 38 (memfit._torch_private.cuda_branches_under_deterministic_algorithms). With it the 32
     # steps of both draws: allocated within 0.5 %, fits_in -1.8 ... +3.5 %, the bound above all 32 without this
-    # width (benchmarks/results/estimate/deterministic_fix_h200_torch2.11_20261130_s38.md; fit data: the fix and
-    # this width were chosen after those draws; the sixteenth draw judges them). Named, not widened
+    # width (benchmarks/results/estimate/deterministic_draws_h200_torch2.11_20261130_s38.md; fit data: the fix and
+    # this width were chosen after those draws). The sixteenth draw's 14 steps without roi_align, predicted before
+    # the GPU ran (validation): allocated within 0.5 %, fits_in -1.7 ... +2.8 %, the bound above all 14 (by 2.4 %
+    # at least). Named, not widened
     "deterministic_algorithms": 0.0,
     # torchvision's roi_align under deterministic algorithms: for a CUDA tensor it runs its pure PyTorch
     # implementation through torch.compile (torchvision/ops/roi_align.py, _roi_align under lazy_compile), which memfit
@@ -144,7 +148,7 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # 1.87 x (Faster R-CNN v2) and 1.87 x (Mask R-CNN v2) the fits_in estimated without the setting, and peaked at
     # 11.8 and 6.3 GiB allocated (7.4 and 4.1 GB without it). Doubling the replayed cap covers both: a width chosen
     # on those two steps (fit data), for a case memfit cannot estimate yet
-    # (benchmarks/results/estimate/deterministic_sixteenth_draw_h200_torch2.11_20261130_s38.md)
+    # (benchmarks/results/estimate/deterministic_draws_h200_torch2.11_20261130_s38.md)
     "deterministic_roi_align": 1.0,
 }
 
