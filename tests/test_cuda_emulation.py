@@ -1176,3 +1176,57 @@ def test_a_deterministic_upsampling_step_peaks_on_cuda_where_the_estimate_says(d
     assert estimated[True] == pytest.approx(measured[True], rel=0.03, abs=6 << 20), context
     cost = measured[True] - measured[False]
     assert cost > 0 and estimated[True] - estimated[False] == pytest.approx(cost, rel=0.1), context
+
+
+class _Lookup(torch.nn.Module):
+    """A narrow table read at many positions: the backward's sort of the positions outweighs everything else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(1000, 1))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table[idx]
+
+
+class _Scatter(torch.nn.Module):
+    """Sums values into bins with scatter_add_, whose CUDA kernel sorts under deterministic algorithms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        values = self.scale * torch.ones(idx.shape)
+        return torch.zeros(1000).scatter_add_(0, idx, values)
+
+
+_POSITIONS = 1 << 22
+
+
+def _index_workload(module: type[torch.nn.Module]) -> Any:
+    from memfit import Workload
+
+    return Workload(model=module, batch=lambda n: (torch.randint(0, 1000, (n * _POSITIONS,)),), batch_size=1,
+                    loss=lambda out, b: out.square().mean(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+
+
+def test_an_index_backward_takes_the_sort_block_cuda_takes() -> None:
+    # indexing.cu sorts the positions of an accumulating index_put_ (the backward of table[idx]): 48.25 B each on
+    # an H200 grid; here 4.2 M positions, 202 MB, beside a 16.8 MB output and its gradient
+    from memfit import estimate
+    from memfit.estimate.kernel_scratch import INDEX_SORT_BYTES
+
+    peak = estimate(_index_workload(_Lookup), gpu="h200").peak_allocated_bytes
+    assert peak >= INDEX_SORT_BYTES * _POSITIONS + 8 * _POSITIONS  # the sort and the gradient of the output
+    assert peak < INDEX_SORT_BYTES * _POSITIONS + 8 * _POSITIONS + 3 * 4 * _POSITIONS + (16 << 20)
+
+
+def test_scatter_add_sorts_under_deterministic_algorithms_only(deterministic_algorithms: None) -> None:
+    from memfit import estimate
+    from memfit.estimate.kernel_scratch import INDEX_SORT_BYTES
+
+    strict = estimate(_index_workload(_Scatter), gpu="h200").peak_allocated_bytes
+    torch.use_deterministic_algorithms(False)
+    plain = estimate(_index_workload(_Scatter), gpu="h200").peak_allocated_bytes
+    assert strict - plain >= INDEX_SORT_BYTES * _POSITIONS - 4 * _POSITIONS

@@ -332,6 +332,41 @@ def _kernel_transient(name: str, args: Any, out: Any, gpu: GpuSpec) -> int:
         return grad.numel() * grad.element_size() + 16 * indices.numel()
     if name == "binary_cross_entropy_with_logits":
         return 2 * args[0].numel() * args[0].element_size()
+    return _index_sort_bytes(name, args)
+
+
+INDEX_SORT_BYTES = 48.25
+"""Bytes a CUDA ``index_put_`` takes per index element when it sorts its indices (indexing.cu,
+``index_put_with_sort_kernel``: the linear index, its sorted copy, the original positions and the radix sort's
+buffers, int64 each): 48.25 on every shape of an H200 grid, 1-D to 4-D, 65 536 to 16.8 M indices
+(benchmarks/results/estimate/deterministic_index_h200_torch2.11_20261130.json; 48 x N plus 0.22-0.30 x N)."""
+
+
+def _index_sort_bytes(name: str, args: Any) -> int:
+    """The sort block of CUDA's accumulating index ops (the same grid): ``index_put_`` with accumulation sorts with
+    or without deterministic algorithms; under them ``index_put_`` without accumulation takes the same kernel
+    (TensorAdvancedIndexing.cpp, ``_index_put_impl_``: ``accumulate || deterministicAlgorithms()``), ``scatter_add_``
+    and ``scatter_reduce_`` with "sum" run through it over their index's elements (``_scatter_via_index_put``), and
+    ``index_add_`` through it on a copy of its source (``source * alpha``)."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if name in ("index_put", "index_put_", "_index_put_impl_"):
+        accumulate = bool(args[3]) if len(args) > 3 else False
+        indices = [i for i in args[1] if i is not None]
+        if not (accumulate or deterministic) or not indices:
+            return 0
+        if any(i.dtype == torch.bool for i in indices):
+            count = max(i.numel() for i in indices)  # a mask becomes its true elements' positions: at most its size
+        else:
+            count = math.prod(torch.broadcast_shapes(*(i.shape for i in indices)))
+        return math.ceil(INDEX_SORT_BYTES * count)
+    if not deterministic:
+        return 0
+    if name in ("scatter_add", "scatter_add_") or (name in ("scatter_reduce", "scatter_reduce_")
+                                                   and len(args) > 4 and args[4] == "sum"):
+        return math.ceil(INDEX_SORT_BYTES * args[2].numel())
+    if name in ("index_add", "index_add_"):
+        source = args[3]
+        return math.ceil(INDEX_SORT_BYTES * args[2].numel()) + source.numel() * source.element_size()
     return 0
 
 

@@ -506,7 +506,10 @@ class Recorder(tp.TorchDispatchMode):
                 self.track(grad_bias, name)
             self._release(held)
             return out
-        if self._accumulate_in_place(name, args, kwargs, out) or self._index_put_in_place(name, args, kwargs, out):
+        if self._accumulate_in_place(name, args, kwargs, out):
+            return out
+        if self._index_put_in_place(name, args, kwargs, out):  # into the zeros, then its sort's block
+            self._release(self._scratch(kernel_scratch.kernel_transients(name, args, out, self.gpu), f"{name}_scratch"))
             return out
         outputs = output_tensors(out)
         order = kernel_scratch.ALLOCATION_ORDER.get(name)
