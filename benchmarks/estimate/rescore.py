@@ -101,6 +101,10 @@ def _set(row: dict, halves: dict[str, str]) -> str:
         return "thirteenth draw (cudnn.benchmark)"
     if prefix == "det":
         return "fourteenth draw (deterministic algorithms)"
+    if prefix == "det2":
+        return "fifteenth draw (deterministic algorithms)"
+    if prefix == "det3":
+        return "sixteenth draw (deterministic algorithms)"
     if prefix.startswith("h") and prefix[1:].isdigit():
         return f"draw {prefix[1:]}"
     return "first draw (ho_)" if prefix == "ho" else "zoo"
