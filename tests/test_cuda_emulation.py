@@ -1,3 +1,4 @@
+import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -1073,12 +1074,21 @@ class _Upsampling(torch.nn.Module):
 _UPSAMPLING_INPUT = {2: (4, 3, 96, 96), 3: (1, 3, 24, 24, 24)}
 
 
+@contextlib.contextmanager
+def _deterministic(enabled: bool) -> Iterator[None]:
+    """Deterministic algorithms (warn only) on or off inside, the process's setting given back after."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 @pytest.fixture
 def deterministic_algorithms() -> Iterator[None]:
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    yield
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    with _deterministic(True):
+        yield
 
 
 def _upsampling_ops(dims: int) -> list[str]:
@@ -1119,12 +1129,8 @@ def _upsampling_workload(dims: int) -> Any:
 def _estimated_peak(dims: int, deterministic: bool) -> int:
     from memfit import estimate
 
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    try:
+    with _deterministic(deterministic):
         return estimate(_upsampling_workload(dims), gpu="h200").peak_allocated_bytes
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 @pytest.mark.parametrize("dims", [2, 3])
@@ -1138,9 +1144,7 @@ def _cuda_step_peak(dims: int, deterministic: bool) -> int:
     """Peak allocated, above what the process held before, over the third of three steps of the plain loop on CUDA
     (``out = model(x)``: the last step's output and loss stay alive into this step's forward, as the estimate's loop
     keeps them), with or without deterministic algorithms."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    try:
+    with _deterministic(deterministic):
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated()  # what earlier tests in this process left
         torch.manual_seed(0)
@@ -1157,8 +1161,6 @@ def _cuda_step_peak(dims: int, deterministic: bool) -> int:
             torch.cuda.synchronize()
         del out, loss
         return torch.cuda.max_memory_allocated() - held
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 @pytest.mark.gpu
@@ -1227,8 +1229,8 @@ def test_scatter_add_sorts_under_deterministic_algorithms_only(deterministic_alg
     from memfit.estimate.kernel_scratch import INDEX_SORT_BYTES
 
     strict = estimate(_index_workload(_Scatter), gpu="h200").peak_allocated_bytes
-    torch.use_deterministic_algorithms(False)
-    plain = estimate(_index_workload(_Scatter), gpu="h200").peak_allocated_bytes
+    with _deterministic(False):
+        plain = estimate(_index_workload(_Scatter), gpu="h200").peak_allocated_bytes
     assert strict - plain >= INDEX_SORT_BYTES * _POSITIONS - 4 * _POSITIONS
 
 
@@ -1263,13 +1265,9 @@ def test_index_sort_blocks_peak_on_cuda_where_the_estimate_says(module: type[tor
     # the estimate's peak against CUDA's, within 3 % (about 0.2-0.25 GB, most of it the sort's block)
     from memfit import estimate
 
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    try:
+    with _deterministic(deterministic):
         torch.manual_seed(0)
         idx = torch.randint(0, 1000, (_POSITIONS,))
         measured = _cuda_plain_loop_peak(module, (idx,))
         estimated = estimate(_index_workload(module), gpu="h200").peak_allocated_bytes
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     assert estimated == pytest.approx(measured, rel=0.03), (measured, estimated)
