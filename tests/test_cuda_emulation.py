@@ -1271,3 +1271,19 @@ def test_index_sort_blocks_peak_on_cuda_where_the_estimate_says(module: type[tor
         measured = _cuda_plain_loop_peak(module, (idx,))
         estimated = estimate(_index_workload(module), gpu="h200").peak_allocated_bytes
     assert estimated == pytest.approx(measured, rel=0.03), (measured, estimated)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_replicate_padding_and_pooling_with_indices_take_cudas_branch_under_deterministic_algorithms(
+        deterministic: bool) -> None:
+    # torch/nn/functional.py: pad(mode="replicate") and max_pool3d_with_indices send a CUDA tensor to their
+    # decompositions under deterministic algorithms, whose backward is an index_put with accumulation
+    with _deterministic(deterministic):
+        with StaticShapeFakeTensorMode(allow_non_fake_inputs=True), CudaSemantics(), _Names() as ops:
+            x = torch.randn(2, 3, 8, 8, 8, requires_grad=True)
+            padded = torch.nn.functional.pad(x, (1, 1, 1, 1, 1, 1), mode="replicate")
+            pooled, _ = torch.nn.functional.max_pool3d(padded, 2, return_indices=True)
+            pooled.sum().backward()
+    kernels = {n for n in ops.names if n.startswith(("replication_pad3d", "max_pool3d_with_indices"))}
+    assert bool(kernels) != deterministic, kernels
+    assert padded.shape == (2, 3, 10, 10, 10) and pooled.shape == (2, 3, 5, 5, 5)
