@@ -134,8 +134,7 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # (benchmarks/results/estimate/cudnn_calibration_*_deterministic_h200_torch2.11_20261130.json). What had moved
     # the fourteenth draw's caps (-7.2 ... +21.2 %) and the fifteenth's (allocated up to +45 %, HF DPT) was
     # torch.nn.functional's bilinear upsampling, which takes a decomposition on CUDA under the setting; the trace takes
-    # it too since session 38 (memfit._torch_private.cuda_branches_under_deterministic_algorithms). With it the 32
-    # steps of both draws: allocated within 0.5 %, fits_in -1.8 ... +3.5 %, the bound above all 32 without this
+    # it too (memfit._torch_private.cuda_branches_under_deterministic_algorithms). With it the 32 steps of both draws: allocated within 0.5 %, fits_in -1.8 ... +3.5 %, the bound above all 32 without this
     # width (benchmarks/results/estimate/deterministic_draws_h200_torch2.11_20261130_s38.md; fit data: the fix and
     # this width were chosen after those draws). The sixteenth draw's 14 steps without roi_align, predicted before
     # the GPU ran (validation): allocated within 0.5 %, fits_in -1.7 ... +2.8 %, the bound above all 14 (by 2.4 %
@@ -143,8 +142,8 @@ WIDTHS: dict[UncertaintyReason, float] = {
     "deterministic_algorithms": 0.0,
     # torchvision's roi_align under deterministic algorithms: for a CUDA tensor it runs its pure PyTorch
     # implementation through torch.compile (torchvision/ops/roi_align.py, _roi_align under lazy_compile), which memfit
-    # does not model (the trace runs the kernel; an eager trace of the implementation was tried and came out under
-    # too, 8.35 GiB for Faster R-CNN v2). The sixteenth draw's two detection steps, run so on an H200, needed caps
+    # does not model (the trace runs the kernel; an eager trace of the implementation comes out under too, 8.35 GiB
+    # for Faster R-CNN v2, against 11.8 measured). The sixteenth draw's two detection steps, run so on an H200, needed caps
     # 1.87 x (Faster R-CNN v2) and 1.87 x (Mask R-CNN v2) the fits_in estimated without the setting, and peaked at
     # 11.8 and 6.3 GiB allocated (7.4 and 4.1 GB without it). Doubling the replayed cap covers both: a width chosen
     # on those two steps (fit data), for a case memfit cannot estimate yet
