@@ -134,9 +134,10 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # (benchmarks/results/estimate/cudnn_calibration_*_deterministic_h200_torch2.11_20261130.json). What had moved
     # the fourteenth draw's caps (-7.2 ... +21.2 %) and the fifteenth's (allocated up to +45 %, HF DPT) was
     # torch.nn.functional's bilinear upsampling, which takes a decomposition on CUDA under the setting; the trace takes
-    # it too (memfit._torch_private.cuda_branches_under_deterministic_algorithms). With it the 32 steps of both draws: allocated within 0.5 %, fits_in -1.8 ... +3.5 %, the bound above all 32 without this
-    # width (benchmarks/results/estimate/deterministic_draws_h200_torch2.11_20261130_s38.md; fit data: the fix and
-    # this width were chosen after those draws). The sixteenth draw's 14 steps without roi_align, predicted before
+    # it too (memfit._torch_private.cuda_branches_under_deterministic_algorithms). With it the 32 steps of both
+    # draws: allocated within 0.5 %, fits_in -1.8 ... +3.5 %, the bound above all 32 without this width
+    # (benchmarks/results/estimate/deterministic_draws_h200_torch2.11_20261130_s38.md; fit data: the fix and this
+    # width were chosen after those draws). The sixteenth draw's 14 steps without roi_align, predicted before
     # the GPU ran (validation): allocated within 0.5 %, fits_in -1.7 ... +2.8 %, the bound above all 14 (by 2.4 %
     # at least). Named, not widened
     "deterministic_algorithms": 0.0,
