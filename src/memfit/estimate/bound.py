@@ -144,9 +144,9 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # torchvision's roi_align under deterministic algorithms: for a CUDA tensor it runs its pure PyTorch
     # implementation through torch.compile (torchvision/ops/roi_align.py, _roi_align under lazy_compile), which memfit
     # does not model (the trace runs the kernel; an eager trace of the implementation comes out under too, 8.35 GiB
-    # for Faster R-CNN v2, against 11.8 measured). The sixteenth draw's two detection steps, run so on an H200, needed caps
-    # 1.87 x (Faster R-CNN v2) and 1.87 x (Mask R-CNN v2) the fits_in estimated without the setting, and peaked at
-    # 11.8 and 6.3 GiB allocated (7.4 and 4.1 GB without it). Doubling the replayed cap covers both: a width chosen
+    # for Faster R-CNN v2, against 11.8 measured). The sixteenth draw's two detection steps, run so on an H200,
+    # needed caps 1.87 x (Faster R-CNN v2) and 1.87 x (Mask R-CNN v2) the fits_in estimated without the setting, and
+    # peaked at 11.8 and 6.3 GiB allocated (7.4 and 4.1 GB without it). Doubling the replayed cap covers both: a width chosen
     # on those two steps (fit data), for a case memfit cannot estimate yet
     # (benchmarks/results/estimate/deterministic_draws_h200_torch2.11_20261130_s38.md)
     "deterministic_roi_align": 1.0,
