@@ -453,7 +453,8 @@ class Recorder(tp.TorchDispatchMode):
                 f"torchvision's roi_align under deterministic algorithms "
                 f"({self.module_stack[-1] if self.module_stack else 'the step'}): on CUDA it runs a "
                 "Python implementation through torch.compile, whose memory memfit does not model (two detection "
-                "steps measured 1.9 x the estimate without the setting); the bound doubles"))
+                "steps measured 1.9 x the estimate without the setting); the bound doubles. Without deterministic "
+                "algorithms torchvision runs its kernel, which the estimate covers"))
         if name == "convolution":
             if torch.backends.cudnn.benchmark and "cudnn_benchmark" not in self.trace.uncertain:
                 self.note_rule("cudnn_benchmark", (
