@@ -1771,3 +1771,23 @@ def test_log_sigmoid_keeps_no_buffer_as_on_cuda():
                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8)
     trace = trace_workload(w, GPU, steps=1)
     assert [a.nbytes for a in trace.allocs if a.op == "log_sigmoid_forward"] == [8 * n * 4]  # the result alone
+
+
+@pytest.mark.parametrize(("config", "gpu", "workspace"), [
+    (None, "h100", 32 * MiB),  # the default on compute capability 9.x
+    (":4096:8", "h100", 32 * MiB),
+    (":16:8", "h100", 128 * 1024),
+    (":4096:8", "a100", 32 * MiB),  # MONAI's import and deterministic training set it: 4 x the A100's default
+    (":4096:2:16:8", "a100", 8 * MiB + 128 * 1024),
+    ("unparsed", "a100", 8 * MiB + 128 * 1024),  # PyTorch warns and keeps the default
+])
+def test_the_cublas_workspace_follows_cublas_workspace_config(monkeypatch: pytest.MonkeyPatch, config: str | None,
+                                                              gpu: str, workspace: int):
+    # CublasHandlePool.cpp, parseChosenWorkspaceSize: SIZE KiB x COUNT summed over the :SIZE:COUNT pairs
+    if config is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", config)
+    trace = trace_workload(_linear_workload(), gpu_spec(gpu), steps=1)
+    workspaces = [a.nbytes for a in trace.allocs if a.op == "cublas_workspace"]
+    assert workspaces and set(workspaces) == {workspace}

@@ -53,6 +53,21 @@ class GpuSpec:
 _CUBLAS_SM90 = 32 * MiB
 _CUBLAS_PRE_SM90 = 8 * MiB + 128 * 1024
 
+
+def cublas_workspace_bytes(gpu: GpuSpec) -> int:
+    """One cuBLAS workspace on ``gpu`` under this process's ``CUBLAS_WORKSPACE_CONFIG``, as PyTorch sizes it
+    (CublasHandlePool.cpp, parseChosenWorkspaceSize: the sum of SIZE KiB x COUNT over its ``:SIZE:COUNT`` pairs;
+    the card's default where it is unset or has no such pair). Deterministic training sets it (Lightning's
+    ``deterministic=True``, HF's ``enable_full_determinism``; importing MONAI sets ``:4096:8`` where it is unset):
+    ``:4096:8`` is the default on compute capability 9.x and 32 MiB, not 8.125, on the cards before it."""
+    import os
+    import re
+
+    pairs = re.findall(r":([0-9]+):([0-9]+)", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    if not pairs:
+        return gpu.cublas_workspace_bytes
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
 GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec(
         name="NVIDIA H100 80GB HBM3",

@@ -24,7 +24,7 @@ from memfit.estimate import kernel_scratch, sparse
 from memfit.estimate.bound import UncertaintyReason
 from memfit.estimate.categories import TracedCategory
 from memfit.estimate.data_dependent import RealForward, ctc_loss_backward, deciding_inputs
-from memfit.estimate.gpus import GpuSpec
+from memfit.estimate.gpus import GpuSpec, cublas_workspace_bytes
 from memfit.estimate.op_costs import OpCounter
 from memfit.estimate.step_values import NOT_KNOWN, StepValues
 from memfit.estimate.trace_record import Alloc, Trace, output_tensors
@@ -573,13 +573,15 @@ class Recorder(tp.TorchDispatchMode):
     def _maybe_cublas_workspace(self) -> None:
         # cuBLAS keeps one workspace per (handle, stream); handles are per thread and CUDA's autograd engine runs
         # backward on its own device thread, so forward and backward each get one (aten/src/ATen/cuda/
-        # CublasHandlePool.cpp). The size is per GPU architecture (GpuSpec.cublas_workspace_bytes).
+        # CublasHandlePool.cpp). The size is per GPU architecture and CUBLAS_WORKSPACE_CONFIG
+        # (gpus.cublas_workspace_bytes).
         thread = "backward" if self.phase == "backward" else "main"
-        if thread in self._workspace_threads or self.gpu.cublas_workspace_bytes <= 0:
+        size = cublas_workspace_bytes(self.gpu)
+        if thread in self._workspace_threads or size <= 0:
             return
         self._workspace_threads.add(thread)
         self.trace.uses_cublas = True
-        self._alloc(self.gpu.cublas_workspace_bytes, "cublas_workspace", (), "uint8", "workspaces")
+        self._alloc(size, "cublas_workspace", (), "uint8", "workspaces")
 
     # ----------------------------------------------------- module attribution
     def pre_forward(self, module: torch.nn.Module, args: Any) -> None:
