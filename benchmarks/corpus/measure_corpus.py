@@ -113,7 +113,7 @@ class EntryState:
     floor: bool = True
     """Whether the uncapped run's peak allocated bounds the answer from below (a cap under it cannot fit). Not where
     the step takes what memory it is given: cuDNN's benchmark mode sizes its algorithm search by what the allocator
-    can grant, so FCN-ResNet101 peaked at 83.6 GB uncapped and ran under a 25.5 GB cap (session 37); the bisection
+    can grant, so FCN-ResNet101 peaked at 83.6 GB uncapped and ran under a 15.4 GB cap (session 37); the bisection
     then starts from 0 and its tolerance is a fraction of the hint (the prediction) instead of that peak."""
 
     def next_cap(self, pool_bytes: int, bisect: bool) -> int | None:

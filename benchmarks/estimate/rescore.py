@@ -91,20 +91,20 @@ def _split() -> dict[str, str]:
     return {c["id"]: c["split"] for c in corpus["entries"]}
 
 
+_VARIANT_DRAWS = {"cb": "thirteenth draw (cudnn.benchmark)", "det": "fourteenth draw (deterministic algorithms)",
+                  "det2": "fifteenth draw (deterministic algorithms)",
+                  "det3": "sixteenth draw (deterministic algorithms)"}
+"""The name prefixes of the draws made of zoo steps under a process-wide setting (zoo/variants.py)."""
+
+
 def _set(row: dict, halves: dict[str, str]) -> str:
     if row["corpus"]:
         return f"corpus {halves.get(row['name'], '?')} half"
     if row.get("allocator_conf"):
         return f"twelfth draw ({row['allocator_conf']})"
     prefix = row["name"].split("_")[0]
-    if prefix == "cb":
-        return "thirteenth draw (cudnn.benchmark)"
-    if prefix == "det":
-        return "fourteenth draw (deterministic algorithms)"
-    if prefix == "det2":
-        return "fifteenth draw (deterministic algorithms)"
-    if prefix == "det3":
-        return "sixteenth draw (deterministic algorithms)"
+    if prefix in _VARIANT_DRAWS:
+        return _VARIANT_DRAWS[prefix]
     if prefix.startswith("h") and prefix[1:].isdigit():
         return f"draw {prefix[1:]}"
     return "first draw (ho_)" if prefix == "ho" else "zoo"

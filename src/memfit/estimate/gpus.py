@@ -6,6 +6,8 @@ datasheet or PyTorch source.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 from memfit.errors import UsageError
@@ -60,9 +62,6 @@ def cublas_workspace_bytes(gpu: GpuSpec) -> int:
     the card's default where it is unset or has no such pair). Deterministic training sets it (Lightning's
     ``deterministic=True``, HF's ``enable_full_determinism``; importing MONAI sets ``:4096:8`` where it is unset):
     ``:4096:8`` is the default on compute capability 9.x and 32 MiB, not 8.125, on the cards before it."""
-    import os
-    import re
-
     pairs = re.findall(r":([0-9]+):([0-9]+)", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
     if not pairs:
         return gpu.cublas_workspace_bytes

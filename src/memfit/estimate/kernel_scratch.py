@@ -342,12 +342,18 @@ buffers, int64 each): 48.25 on every shape of an H200 grid, 1-D to 4-D, 65 536 t
 (benchmarks/results/estimate/deterministic_index_h200_torch2.11_20261130.json; 48 x N plus 0.22-0.30 x N)."""
 
 
+_SORTING_OPS = frozenset({"index_put", "index_put_", "_index_put_impl_", "scatter_add", "scatter_add_",
+                          "scatter_reduce", "scatter_reduce_", "index_add", "index_add_"})
+
+
 def _index_sort_bytes(name: str, args: Any) -> int:
     """The sort block of CUDA's accumulating index ops (the same grid): ``index_put_`` with accumulation sorts with
     or without deterministic algorithms; under them ``index_put_`` without accumulation takes the same kernel
     (TensorAdvancedIndexing.cpp, ``_index_put_impl_``: ``accumulate || deterministicAlgorithms()``), ``scatter_add_``
     and ``scatter_reduce_`` with "sum" run through it over their index's elements (``_scatter_via_index_put``), and
     ``index_add_`` through it on a copy of its source (``source * alpha``)."""
+    if name not in _SORTING_OPS:
+        return 0
     deterministic = torch.are_deterministic_algorithms_enabled()
     if name in ("index_put", "index_put_", "_index_put_impl_"):
         accumulate = bool(args[3]) if len(args) > 3 else False

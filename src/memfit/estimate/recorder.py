@@ -576,8 +576,10 @@ class Recorder(tp.TorchDispatchMode):
         # CublasHandlePool.cpp). The size is per GPU architecture and CUBLAS_WORKSPACE_CONFIG
         # (gpus.cublas_workspace_bytes).
         thread = "backward" if self.phase == "backward" else "main"
+        if thread in self._workspace_threads:
+            return  # read CUBLAS_WORKSPACE_CONFIG only for a thread's first cuBLAS call, not for every matmul
         size = cublas_workspace_bytes(self.gpu)
-        if thread in self._workspace_threads or size <= 0:
+        if size <= 0:
             return
         self._workspace_threads.add(thread)
         self.trace.uses_cublas = True

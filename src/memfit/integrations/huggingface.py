@@ -218,8 +218,8 @@ def plan_training_arguments(
 def _as_the_trainer_sets(args: Any) -> Iterator[None]:
     """The process-wide settings a ``Trainer`` makes from ``args`` before it trains, in force for the plan's traces
     (which may run before the Trainer exists), then given back. With ``full_determinism``, transformers'
-    ``enable_full_determinism`` turns deterministic algorithms on and cuDNN's benchmark mode off, and the estimate of
-    a step with convolutions widens its bound for them (``memfit.estimate.bound``, ``deterministic_algorithms``).
+    ``enable_full_determinism`` turns deterministic algorithms on and cuDNN's benchmark mode off, and the trace takes
+    the paths CUDA then takes (bilinear upsampling's decomposition, the index ops' sorts; ``memfit.estimate``).
     Warn-only here: the traces run no CUDA kernel, and a real CPU forward (a detector's sizes) must not stop on an
     op that the GPU would run."""
     if not getattr(args, "full_determinism", False):
