@@ -24,9 +24,16 @@ bound 11.8 % under its cap) and memfit had since traced bilinear and trilinear u
 deterministic algorithms, with the width set to 0, and before memfit estimated or measured any of its steps:
 ``SIXTEENTH_DENSE`` dense and ``SIXTEENTH_OTHER`` other steps that neither earlier draw took, to judge that change.
 
+A seventeenth draw, written down on 2026-11-30 (session 39) after the sixteenth had set the bound's
+``deterministic_roi_align`` width (1.0) on torchvision's Faster and Mask R-CNN v2 and before memfit estimated or
+measured any of its steps: not a sample but every other zoo step whose training calls torchvision's ``roi_align``
+(``SEVENTEENTH``), none of them measured on the H200 before, to judge that width. Every number from it is validation
+of the width: nothing in ``src`` is fitted to it.
+
     python benchmarks/zoo/deterministic.py           # prints the fourteenth draw's steps
     python benchmarks/zoo/deterministic.py fresh     # prints the fifteenth's
     python benchmarks/zoo/deterministic.py sixteenth # prints the sixteenth's
+    python benchmarks/zoo/deterministic.py seventeenth
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ DENSE_MARKS = ("smp_", "nnunet", "unet", "fcn", "lraspp", "deeplab", "superres",
 SIXTEENTH_SEED = 20261139
 SIXTEENTH_DENSE = 10
 SIXTEENTH_OTHER = 6
+SEVENTEENTH = ["ho_tv_keypointrcnn", "tv_fasterrcnn_mobilenet", "tv_fasterrcnn_resnet50_fpn", "tv_maskrcnn_resnet50_fpn"]
+"""The zoo's steps through torchvision's ``MultiScaleRoIAlign`` other than the two R-CNN v2 steps the width was
+chosen on (``grep -rn rcnn benchmarks/zoo``)."""
 
 
 def drawn() -> list[str]:
@@ -91,11 +101,13 @@ def _deterministic() -> None:
 
 
 if __name__ == "__main__":
-    print(",".join({"fresh": drawn_fresh, "sixteenth": drawn_sixteenth}.get(sys.argv[1] if sys.argv[1:] else "",
-                                                                            drawn)()))
+    print(",".join({"fresh": drawn_fresh, "sixteenth": drawn_sixteenth, "seventeenth": lambda: SEVENTEENTH}.get(
+        sys.argv[1] if sys.argv[1:] else "", drawn)()))
 else:
     globals().update(variants(drawn(), "det", _deterministic, "deterministic algorithms (warn only)", DETERMINISTIC))
     globals().update(variants(drawn_fresh(), "det2", _deterministic, "deterministic algorithms (warn only)",
                               DETERMINISTIC))
     globals().update(variants(drawn_sixteenth(), "det3", _deterministic, "deterministic algorithms (warn only)",
+                              DETERMINISTIC))
+    globals().update(variants(SEVENTEENTH, "det4", _deterministic, "deterministic algorithms (warn only)",
                               DETERMINISTIC))
