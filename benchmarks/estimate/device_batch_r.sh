@@ -3,6 +3,8 @@
 #   bash benchmarks/estimate/device_batch_r.sh seventeenth   # the seventeenth draw (zoo/deterministic.py
 #       # seventeenth) from its committed predictions, beside the four cuDNN calibration grids whose deterministic
 #       # runs session 38 lost, each run with the setting and without it in this same call
+#   bash benchmarks/estimate/device_batch_r.sh roi_grid   # what roi_align's compiled path allocates under
+#       # deterministic algorithms (calibrate_roi_align_deterministic.py), beside the GPU tests
 #   bash benchmarks/estimate/device_batch_r.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements
@@ -33,6 +35,13 @@ case "$1" in
     tail -n 5 "$OUT"/calibration/*.log
     # a call brings back a limited number of files: one archive
     tar czf "$OUT/calibration.tar.gz" -C "$OUT" calibration && rm -rf "$OUT/calibration"
+    ;;
+  roi_grid)
+    timeout 420 python3 benchmarks/calibrate_roi_align_deterministic.py --out "$OUT" --budget-s 330 \
+      > "$OUT/roi_align_deterministic.log" 2>&1 &
+    gpu_tests 560
+    wait
+    tail -n 50 "$OUT/roi_align_deterministic.log"
     ;;
   tests)
     gpu_tests 570
