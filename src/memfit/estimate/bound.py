@@ -142,14 +142,16 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # at least). Named, not widened
     "deterministic_algorithms": 0.0,
     # torchvision's roi_align under deterministic algorithms: for a CUDA tensor it runs its pure PyTorch
-    # implementation through torch.compile (torchvision/ops/roi_align.py, _roi_align under lazy_compile), which memfit
-    # does not model (the trace runs the kernel; an eager trace of the implementation comes out under too, 8.35 GiB
-    # for Faster R-CNN v2, against 11.8 measured). The sixteenth draw's two detection steps, run so on an H200,
-    # needed caps 1.87 x (Faster R-CNN v2) and 1.87 x (Mask R-CNN v2) the fits_in estimated without the setting, and
-    # peaked at 11.8 and 6.3 GiB allocated (7.4 and 4.1 GB without it). Doubling the replayed cap covers both: a width chosen
-    # on those two steps (fit data), for a case memfit cannot estimate yet
-    # (benchmarks/results/estimate/deterministic_draws_h200_torch2.11_20261130_s38.md)
-    "deterministic_roi_align": 1.0,
+    # implementation through torch.compile (torchvision/ops/roi_align.py, _roi_align under lazy_compile). Session 38
+    # doubled the bound for it, a width chosen on the sixteenth draw's Faster and Mask R-CNN v2 (1.87 x their
+    # estimate without the setting); the seventeenth draw, measured before anything was changed for it, found that
+    # too little (Faster R-CNN MobileNet needed 3.7 x: the compiled backward's blocks scale with the RoIs, not the
+    # model). An H200 grid of single calls then sized those blocks, which the estimate now charges
+    # (kernel_scratch.roi_align_compiled_backward_blocks), and the bound adds 3.2 x the largest feature map in fp32,
+    # which maps large against their samples took beyond them (the reason's bytes, kernel_scratch
+    # .ROI_ALIGN_INPUT_ALLOWANCE); both from the grid alone
+    # (benchmarks/results/estimate/roi_align_deterministic_h200_torch2.11_20261130.json). No width
+    "deterministic_roi_align": 0.0,
 }
 
 _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACachingAllocator.cpp kLargeBuffer)
@@ -158,8 +160,8 @@ _SEGMENT = 2 << 20  # the caching allocator's large-segment granularity (CUDACac
 @dataclass(frozen=True)
 class Uncertainty:
     """One place the trace could not be sure of; all but the reasons of width 0 (``compiled``,
-    ``optimizer_state_rule``, ``value_check``, ``layer_drop``, ``cudnn_benchmark``, ``deterministic_algorithms``)
-    widen the bound beyond the base margin."""
+    ``optimizer_state_rule``, ``value_check``, ``layer_drop``, ``cudnn_benchmark``, ``deterministic_algorithms``,
+    ``deterministic_roi_align``) widen the bound beyond the base margin (some add bytes)."""
 
     reason: UncertaintyReason
     widen: float

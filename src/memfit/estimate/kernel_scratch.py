@@ -283,6 +283,8 @@ def kernel_transients(name: str, args: Any, out: Any, gpu: GpuSpec) -> list[int]
         blocks = [view.copy_bytes(torch.contiguous_format),
                   ws.efficient_attention_backward_fp32_bytes(q.shape[0], q.shape[1], q.shape[2], q.shape[3])]
         return [b for b in blocks if b > 0]
+    if name == "_roi_align_backward" and torch.are_deterministic_algorithms_enabled():
+        return roi_align_compiled_backward_blocks(args)
     nbytes = _kernel_transient(name, args, out, gpu)
     return [nbytes] if nbytes > 0 else []
 
@@ -340,6 +342,52 @@ INDEX_SORT_BYTES = 48.25
 ``index_put_with_sort_kernel``: the linear index, its sorted copy, the original positions and the radix sort's
 buffers, int64 each): 48.25 on every shape of an H200 grid, 1-D to 4-D, 65 536 to 16.8 M indices
 (benchmarks/results/estimate/deterministic_index_h200_torch2.11_20261130.json; 48 x N plus 0.22-0.30 x N)."""
+
+
+ROI_ALIGN_GRAD_COPIES = 4
+"""The compiled ``roi_align``'s backward holds four gradients of the gathered samples, one per bilinear corner, in
+its compute dtype (``_bilinear_interpolate``: ``val = w1 * v1 + ... + w4 * v4``)."""
+
+ROI_ALIGN_INPUT_ALLOWANCE = 3.2
+"""Where a feature map is large against the samples gathered from it (input elements over 1.5 x the samples), the
+compiled backward's peak was above the rule by up to 3.12 x the input's size in fp32 (a 200 x 200 x 256 map, 64 RoIs),
+not a block the rule names: the bound adds this many fp32 input sizes (``deterministic_roi_align``)."""
+
+
+def roi_align_samples(rois: int, channels: int, pooled: tuple[int, int], sampling_ratio: int,
+                      size: tuple[int, int]) -> int:
+    """How many points torchvision's Python ``roi_align`` gathers: ``(K, C, PH, PW, IY, IX)`` with IY x IX the
+    sampling ratio squared, or the feature map's whole height x width for an adaptive ratio (<= 0), masked
+    (torchvision/ops/roi_align.py, ``_roi_align``: ``iy = torch.arange(height)`` when not ``exact_sampling``)."""
+    grid = sampling_ratio * sampling_ratio if sampling_ratio > 0 else size[0] * size[1]
+    return rois * channels * pooled[0] * pooled[1] * grid
+
+
+def roi_align_compiled_backward_blocks(args: Any) -> list[int]:
+    """The blocks of torchvision's ``roi_align`` backward under deterministic algorithms on CUDA, where it runs
+    ``_roi_align`` through ``torch.compile``, for N gathered samples: ``ROI_ALIGN_GRAD_COPIES`` gradients of them in
+    the compute dtype (fp32 for fp32 inputs and under autocast, which casts to it: ``maybe_cast``), then four int64
+    indices of them and one of twice that (the gathers' backward, an ``index_put_`` with accumulation into the
+    input's gradient, and its sort: ``INDEX_SORT_BYTES`` a sample in all). At the peaks of two detection steps an
+    H200 held these blocks, allocated in the compiled graph at ``masked_index`` and ``_bilinear_interpolate``
+    (benchmarks/results/estimate/peak_blocks_rcnn_deterministic_h200_torch2.11_20261130_s38.json: 4 x 0.38 GB,
+    4 x 0.76 GB, 1.55 GB); on an H200 grid of 44 single calls (64-2048 RoIs, 64 and 256 channels, 7 x 7 and 14 x 14
+    bins, sampling ratios 1-3, maps of 25-200, fp32, fp16 and fp16 under autocast) their sum is the backward's peak
+    above its input's gradient to within 0.2 B a sample where the samples outnumber the input's elements 1.5 : 1 or
+    more (64.22 B fp32, 56.22 B fp16), and the forward kept nothing for the backward and took nothing beyond its
+    output (benchmarks/results/estimate/roi_align_deterministic_h200_torch2.11_20261130.json). The kernel the trace
+    runs shows none of it. ``args``: ``_roi_align_backward``'s (grad, rois, spatial_scale, pooled_height,
+    pooled_width, batch_size, channels, height, width, sampling_ratio, aligned)."""
+    grad = args[0]
+    samples = roi_align_samples(grad.shape[0], grad.shape[1], (int(args[3]), int(args[4])), int(args[9]),
+                                (int(args[7]), int(args[8])))
+    if samples == 0:
+        return []
+    # under autocast torchvision's autocast kernel hands the op fp32 tensors, so the gradient is fp32 as the
+    # compiled path's is
+    grads = [samples * grad.element_size()] * ROI_ALIGN_GRAD_COPIES
+    indices = [samples * 8] * 4
+    return grads + indices + [math.ceil(samples * (INDEX_SORT_BYTES - 32))]
 
 
 _SORTING_OPS = frozenset({"index_put", "index_put_", "_index_put_impl_", "scatter_add", "scatter_add_",

@@ -11,6 +11,7 @@ values a step reads (``memfit.estimate.step_values``), and each op's cost for th
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -313,6 +314,24 @@ class Recorder(tp.TorchDispatchMode):
         if key is not None:
             self.trace.allocs[key].category = category
 
+    def _note_compiled_roi_align(self, args: Any) -> None:
+        """torchvision's ``roi_align`` under deterministic algorithms, which on CUDA runs its Python implementation
+        compiled: its backward's blocks are charged (``kernel_scratch.roi_align_compiled_backward_blocks``); the bound
+        adds what large feature maps took beyond them (``kernel_scratch.ROI_ALIGN_INPUT_ALLOWANCE``)."""
+        features = args[0]
+        allowance = math.ceil(kernel_scratch.ROI_ALIGN_INPUT_ALLOWANCE * features.numel() * 4)
+        held = self.trace.uncertain_bytes
+        held["deterministic_roi_align"] = max(held.get("deterministic_roi_align", 0), allowance)
+        adaptive = len(args) > 5 and int(args[5]) <= 0
+        where = self.module_stack[-1] if self.module_stack else "the step"
+        self.note_rule("deterministic_roi_align", (
+            f"torchvision's roi_align under deterministic algorithms ({where}): on CUDA it runs a Python "
+            "implementation through torch.compile, whose backward takes 48 B for each point it gathers and four "
+            "gradients of them (an H200 grid of single calls): charged; the bound adds 3.2 x the largest feature map "
+            "in fp32, which a map large against its samples took beyond that"
+            + ("; with an adaptive sampling ratio (<= 0) it gathers every point of the map for each bin, sized from "
+               "torchvision's source, not measured" if adaptive else "")))
+
     def note_rule(self, reason: UncertaintyReason, detail: str) -> None:
         """The trace relies on a rule here (the first detail of each reason is kept)."""
         self.trace.uncertain.setdefault(reason, detail)
@@ -447,14 +466,8 @@ class Recorder(tp.TorchDispatchMode):
         self.costs.record(func, name, args, kwargs, out, recompute=recompute, reentrant=reentrant,
                           selective=selective_regions.depth > 0,
                           sync=name == "_local_scalar_dense" and not self._is_optimizer_state(args[0]))
-        if (name == "roi_align" and torch.are_deterministic_algorithms_enabled()
-                and "deterministic_roi_align" not in self.trace.uncertain):
-            self.note_rule("deterministic_roi_align", (
-                f"torchvision's roi_align under deterministic algorithms "
-                f"({self.module_stack[-1] if self.module_stack else 'the step'}): on CUDA it runs a "
-                "Python implementation through torch.compile, whose memory memfit does not model (two detection "
-                "steps measured 1.9 x the estimate without the setting); the bound doubles. Without deterministic "
-                "algorithms torchvision runs its kernel, which the estimate covers"))
+        if name == "roi_align" and torch.are_deterministic_algorithms_enabled():
+            self._note_compiled_roi_align(args)
         if name == "convolution":
             if torch.backends.cudnn.benchmark and "cudnn_benchmark" not in self.trace.uncertain:
                 self.note_rule("cudnn_benchmark", (
