@@ -130,7 +130,10 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # deterministic algorithms. Four of calibrate_cudnn.py's grids run so on an H200 (1052 shapes, 2-D and 3-D, fp32
     # and half, channels-last) against the same grids without it (measured on earlier days): 76 shapes' workspaces
     # differed, by up to +172 MB (an fp32 3x3 384 -> 384 at 192², batch 24: 2.72 -> 2.90 GB), +21 MB (one input: half
-    # 1x1 layers that took none) and -340 MB; the other grids' shapes within 5.5 MB
+    # 1x1 layers that took none) and -340 MB; the other grids' shapes within 5.5 MB. Four more grids (1766 shapes,
+    # session 39), run with and without the setting in one call: 97 differed; fp32 2-D layers between 1-4 and 32
+    # channels (or 8 and 1-5) took a backward workspace of about 1.13 x their larger side where they took none
+    # without it (up to +128 MB: 6 x 32 x 384²), half-precision ones within 4.2 MB, a 3-D fp32 1 -> 32 at 96³ +20 MB
     # (benchmarks/results/estimate/cudnn_calibration_*_deterministic_h200_torch2.11_20261130.json). What had moved
     # the fourteenth draw's caps (-7.2 ... +21.2 %) and the fifteenth's (allocated up to +45 %, HF DPT) was
     # torch.nn.functional's bilinear upsampling, which takes a decomposition on CUDA under the setting; the trace takes
