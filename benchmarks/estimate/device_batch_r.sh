@@ -3,6 +3,8 @@
 #   bash benchmarks/estimate/device_batch_r.sh seventeenth   # the seventeenth draw (zoo/deterministic.py
 #       # seventeenth) from its committed predictions, beside the four cuDNN calibration grids whose deterministic
 #       # runs session 38 lost, each run with the setting and without it in this same call
+#   bash benchmarks/estimate/device_batch_r.sh seventeenth_rest   # its bisections the first call left, resumed
+#       # from the committed folder
 #   bash benchmarks/estimate/device_batch_r.sh roi_grid   # what roi_align's compiled path allocates under
 #       # deterministic algorithms (calibrate_roi_align_deterministic.py), beside the GPU tests
 #   bash benchmarks/estimate/device_batch_r.sh tests   # the GPU tests (one GPU)
@@ -35,6 +37,13 @@ case "$1" in
     tail -n 5 "$OUT"/calibration/*.log
     # a call brings back a limited number of files: one archive
     tar czf "$OUT/calibration.tar.gz" -C "$OUT" calibration && rm -rf "$OUT/calibration"
+    ;;
+  seventeenth_rest)
+    names=$(python3 benchmarks/zoo/deterministic.py seventeenth | tr ',' '\n' | sed 's/^/det4_/' | paste -sd,)
+    ZOO_DONE=benchmarks/results/estimate/zoo_deterministic_seventeenth_measurements_h200_torch2.11_20261130 \
+      ZOO_BUDGET_S=${ZOO_BUDGET_S:-300} draw_measurements \
+      benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_seventeenth_h200_s39.json \
+      zoo_deterministic_seventeenth_measurements "$names"
     ;;
   roi_grid)
     timeout 420 python3 benchmarks/calibrate_roi_align_deterministic.py --out "$OUT" --budget-s 330 \
