@@ -93,7 +93,8 @@ def _split() -> dict[str, str]:
 
 _VARIANT_DRAWS = {"cb": "thirteenth draw (cudnn.benchmark)", "det": "fourteenth draw (deterministic algorithms)",
                   "det2": "fifteenth draw (deterministic algorithms)",
-                  "det3": "sixteenth draw (deterministic algorithms)"}
+                  "det3": "sixteenth draw (deterministic algorithms)",
+                  "det4": "seventeenth draw (deterministic algorithms)"}
 """The name prefixes of the draws made of zoo steps under a process-wide setting (zoo/variants.py)."""
 
 
