@@ -34,28 +34,27 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def charged(r: dict) -> tuple[int, int]:
     """What the trace charges the forward and the backward of the grid's call ``r``."""
-    dims, k, stride = r["dims"], r["k"], r["stride"]
-    side = (r["size"] + 2 * (k // 2) - k) // stride + 1
+    dims, k, stride, transposed, groups = r["dims"], r["k"], r["stride"], r["transposed"], r["groups"]
+    pad = 0 if (transposed or k == 1 or k == stride) else k // 2  # calibrate_cudnn.py's _conv_case
+    side = (r["size"] - 1) * stride + k if transposed else (r["size"] + 2 * pad - k) // stride + 1
+    weight = (r["cin"], r["cout"] // groups) if transposed else (r["cout"], r["cin"] // groups)
     layout = r.get("channels_last")  # "both" (input and weight) or "input", as calibrate_cudnn.py laid them out
     formats = [torch.channels_last if layout else torch.contiguous_format,
                torch.channels_last if layout == "both" else torch.contiguous_format,
                torch.channels_last if layout else torch.contiguous_format]
-    shapes = ((r["n"], r["cin"]) + (r["size"],) * dims, (r["cout"], r["cin"] // r["groups"]) + (k,) * dims,
-              (r["n"], r["cout"]) + (side,) * dims)
+    shapes = ((r["n"], r["cin"]) + (r["size"],) * dims, weight + (k,) * dims, (r["n"], r["cout"]) + (side,) * dims)
     x, w, y = (torch.empty(shape, dtype=DTYPES[r["dtype"]], device="meta").contiguous(memory_format=fmt)
                for shape, fmt in zip(shapes, formats, strict=True))
-    forward = conv_workspace(Trace(), "grid", x, w, y, (stride,) * dims, r["transposed"], r["groups"])
-    backward = max(conv_workspace(Trace(), "grid", x, w, y, (stride,) * dims, r["transposed"], r["groups"],
-                                  backward=True),
-                   narrow_dgrad_workspace(Trace(), "grid", x, w, (stride,) * dims, (1,) * dims, r["transposed"],
-                                          r["groups"]))
+    forward = conv_workspace(Trace(), "grid", x, w, y, (stride,) * dims, transposed, groups)
+    backward = max(conv_workspace(Trace(), "grid", x, w, y, (stride,) * dims, transposed, groups, backward=True),
+                   narrow_dgrad_workspace(Trace(), "grid", x, w, (stride,) * dims, (1,) * dims, transposed, groups))
     return forward, backward
 
 
 def main() -> None:
     print("# cuDNN's deterministic algorithms against the trace's convolution rules (H200 grids, 2026-11-30)\n")
     print(__doc__.split("\n\n")[0].replace("\n", " ") + "\n")
-    print("| family | shape (n, cin -> cout, k, size, dtype) | forward default / deterministic / charged (MiB) "
+    print("| family | shape (n, cin -> cout, kernel, size, dtype) | forward default / deterministic / charged (MiB) "
           "| backward default / deterministic / charged (MiB) |")
     print("|---|---|---|---|")
     total = moved = under = worst = 0
@@ -78,7 +77,9 @@ def main() -> None:
             worst = max(worst, short)
             low = short > MiB
             under += low
-            print(f"| {family} | {b['n']}, {b['cin']} -> {b['cout']}, {b['k']}, {b['size']}^{b['dims']}, {b['dtype']} "
+            kind = f"{b['k']}" + (" transposed" if b["transposed"] else "") + (
+                f" stride {b['stride']}" if b["stride"] > 1 else "")
+            print(f"| {family} | {b['n']}, {b['cin']} -> {b['cout']}, {kind}, {b['size']}^{b['dims']}, {b['dtype']} "
                   f"| {(a.get('fwd_ws') or 0) / MiB:.1f} / {(b.get('fwd_ws') or 0) / MiB:.1f} / {fwd / MiB:.1f} "
                   f"| {(a.get('bwd_ws') or 0) / MiB:.1f} / {(b.get('bwd_ws') or 0) / MiB:.1f} / {bwd / MiB:.1f}"
                   f"{' (under)' if low else ''} |")

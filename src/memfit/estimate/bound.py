@@ -136,9 +136,10 @@ WIDTHS: dict[UncertaintyReason, float] = {
     # without it (up to +128 MB: 6 x 32 x 384²), half-precision ones within 4.2 MB, a 3-D fp32 1 -> 32 at 96³ +20 MB
     # (benchmarks/results/estimate/cudnn_calibration_*_deterministic_h200_torch2.11_20261130.json). Against what the
     # trace charges (benchmarks/estimate/deterministic_grid_check.py): of the 50 shapes of the eight grids the setting
-    # moved by over 1 MiB, it charges 18 more than 1 MiB below what they took under it, by at most 20 MiB but for an
-    # fp32 3x3 384 -> 384 at 192², batch 24 (165 MiB on a 2.6 GB workspace) and two it charges below the default too
-    # (deterministic_grid_check_h200_torch2.11_20261130_s39.md); the narrow fp32 layers it already charged. What had moved
+    # moved by over 1 MiB, it charges 18 more than 1 MiB below what they took under it, by at most 20.3 MiB but for an
+    # fp32 3x3 384 -> 384 at 192², batch 24 (165 MiB on a 2.6 GB workspace) and a bf16 1x1 it charges 100 MiB below
+    # the default run too (deterministic_grid_check_h200_torch2.11_20261130_s39.md); the narrow fp32 layers it already
+    # charged. What had moved
     # the fourteenth draw's caps (-7.2 ... +21.2 %) and the fifteenth's (allocated up to +45 %, HF DPT) was
     # torch.nn.functional's bilinear upsampling, which takes a decomposition on CUDA under the setting; the trace takes
     # it too (memfit._torch_private.cuda_branches_under_deterministic_algorithms). With it the 32 steps of both
