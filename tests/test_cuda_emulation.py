@@ -1,6 +1,6 @@
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -1141,26 +1141,10 @@ def test_deterministic_upsampling_is_estimated_with_its_gathers(dims: int) -> No
 
 
 def _cuda_step_peak(dims: int, deterministic: bool) -> int:
-    """Peak allocated, above what the process held before, over the third of three steps of the plain loop on CUDA
-    (``out = model(x)``: the last step's output and loss stay alive into this step's forward, as the estimate's loop
-    keeps them), with or without deterministic algorithms."""
+    """The upsampling step's plain-loop peak on CUDA (``_cuda_plain_loop_peak``), with or without deterministic
+    algorithms."""
     with _deterministic(deterministic):
-        torch.cuda.synchronize()
-        held = torch.cuda.memory_allocated()  # what earlier tests in this process left
-        torch.manual_seed(0)
-        model = _Upsampling(dims).cuda()
-        x = torch.randn(_UPSAMPLING_INPUT[dims], device="cuda")
-        out = loss = None
-        for _ in range(3):  # the first also sets up cuDNN
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            model.zero_grad(set_to_none=True)
-            out = model(x)
-            loss = out.square().mean()
-            loss.backward()
-            torch.cuda.synchronize()
-        del out, loss
-        return torch.cuda.max_memory_allocated() - held
+        return _cuda_plain_loop_peak(lambda: _Upsampling(dims), (torch.randn(_UPSAMPLING_INPUT[dims]),))
 
 
 @pytest.mark.gpu
@@ -1234,7 +1218,7 @@ def test_scatter_add_sorts_under_deterministic_algorithms_only(deterministic_alg
     assert strict - plain >= INDEX_SORT_BYTES * _POSITIONS - 4 * _POSITIONS
 
 
-def _cuda_plain_loop_peak(module: type[torch.nn.Module], batch: tuple[torch.Tensor, ...],
+def _cuda_plain_loop_peak(module: Callable[[], torch.nn.Module], batch: tuple[torch.Tensor, ...],
                           loss: Any = lambda out: out.square().mean()) -> int:
     """Peak allocated, above what the process held before, over the third of three plain-loop steps on CUDA (SGD,
     the last output alive into the next forward)."""

@@ -7,6 +7,8 @@
 #       # from the committed folder
 #   bash benchmarks/estimate/device_batch_r.sh roi_grid   # what roi_align's compiled path allocates under
 #       # deterministic algorithms (calibrate_roi_align_deterministic.py), beside the GPU tests
+#   bash benchmarks/estimate/device_batch_r.sh streams NAME[,NAME[@CAP]]   # allocator streams of zoo steps
+#       # (trace_entries.py), beside the CUDA emulation's GPU tests
 #   bash benchmarks/estimate/device_batch_r.sh tests   # the GPU tests (one GPU)
 set -u
 . benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements
@@ -51,6 +53,12 @@ case "$1" in
     gpu_tests 560
     wait
     tail -n 50 "$OUT/roi_align_deterministic.log"
+    ;;
+  streams)
+    timeout 400 python3 benchmarks/estimate/trace_entries.py --zoo ${2//,/ } --out "$OUT" > "$OUT/streams.log" 2>&1 &
+    gpu_test_files gpu_tests_emulation 300 tests/test_cuda_emulation.py
+    wait
+    tail -n 8 "$OUT/streams.log"
     ;;
   tests)
     gpu_tests 570
