@@ -334,6 +334,19 @@ def test_roi_align_under_deterministic_algorithms_charges_its_compiled_backward(
     assert blocks < strict.peak_allocated_bytes < blocks + plain.peak_allocated_bytes, (blocks, plain, strict)
 
 
+def test_explain_names_roi_align_compiled_backward_at_the_peak():
+    # the trace's name for those blocks (_roi_align_backward_scratch) is not the user's
+    from memfit import explain
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        told = explain(_roi_step(), fixes=False)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "torchvision's roi_align, which runs compiled under deterministic algorithms" in told.peak_when
+    assert "_scratch" not in told.peak_when
+
+
 def test_roi_align_gathers_every_point_of_the_map_with_an_adaptive_sampling_ratio():
     # torchvision/ops/roi_align.py: an adaptive ratio (<= 0) gathers over arange(height) x arange(width), masked
     from memfit.estimate.kernel_scratch import roi_align_samples

@@ -119,6 +119,24 @@ _CATEGORY_WORDS: dict[MemoryCategory, str] = {
 }
 _SINGULAR: frozenset[MemoryCategory] = frozenset({"optimizer_state", "data", "fragmentation"})
 
+_PEAK_OP_WORDS = {
+    "cudnn_workspace": "a cuDNN workspace",
+    # kernel_scratch.roi_align_compiled_backward_blocks: only under deterministic algorithms
+    "_roi_align_backward_scratch": "the backward of torchvision's roi_align, which runs compiled under deterministic "
+                                   "algorithms (its index sort and gradient blocks; without the setting it runs its "
+                                   "kernel, which takes none)",
+}
+"""The trace's names for blocks that are not an op's output (``recorder``'s scratch and workspaces), in words."""
+
+
+def _peak_op_words(op: str) -> str:
+    """``op`` as the explanation says it: the scratch blocks a kernel takes inside an op are named by that op."""
+    if op in _PEAK_OP_WORDS:
+        return _PEAK_OP_WORDS[op]
+    if op.endswith("_scratch"):
+        return f"{op.removesuffix('_scratch')} (the kernel's scratch blocks)"
+    return op
+
 
 def explain(
     workload: Workload,
@@ -240,7 +258,7 @@ def _headline(est: Estimate, parts: list[Part], blocks: list[BlockMemory], budge
 
 def _peak_story(est: Estimate, workload: Workload) -> tuple[str, str]:
     step = est.peak_step + 1
-    where = f"{est.peak_op}" + (f" in {est.peak_module}" if est.peak_module else "")
+    where = _peak_op_words(est.peak_op) + (f" in {est.peak_module}" if est.peak_module else "")
     b = est.breakdown
     if est.peak_phase in ("forward", "loss"):
         when = f"at the end of the forward pass of step {step} ({where})"
