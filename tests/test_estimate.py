@@ -347,6 +347,23 @@ def test_explain_names_roi_align_compiled_backward_at_the_peak():
     assert "_scratch" not in told.peak_when
 
 
+def test_explain_offers_deterministic_algorithms_off_with_what_it_saves():
+    # the compiled roi_align's blocks go with the setting; the process's setting is given back after
+    from memfit import explain
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        told = explain(_roi_step(), budget_bytes=64 << 20)
+        still_on = torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    off = next(f for f in told.fixes if f.knob == "deterministic")
+    assert off.fits_in_bytes == estimate(_roi_step()).fits_in_bytes and off.saving_bytes > 100 << 20
+    assert still_on
+    assert not any(f.knob == "deterministic" for f in explain(_roi_step(), budget_bytes=64 << 20).fixes)
+    assert told.combination is None or "deterministic" not in told.combination.name
+
+
 def test_roi_align_gathers_every_point_of_the_map_with_an_adaptive_sampling_ratio():
     # torchvision/ops/roi_align.py: an adaptive ratio (<= 0) gathers over arange(height) x arange(width), masked
     from memfit.estimate.kernel_scratch import roi_align_samples

@@ -7,12 +7,16 @@ estimated by the same ``estimate()`` the user runs, so a fix's predicted peak is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
+
+import torch
 
 from memfit.errors import MemfitError
 from memfit.estimate.allocator import AllocatorConfig
@@ -28,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 FixKind = Literal[
     "micro_batch", "precision", "checkpointing", "channels_last", "optimizer", "expandable_segments", "patch",
-    "loss", "combined",
+    "loss", "deterministic", "combined",
 ]
 """Which knob a fix turns (``combined``: several fixes together)."""
 TrainingChange = Literal["no", "numerics", "semantics"]
@@ -227,7 +231,35 @@ def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
             changes_training="no",
             caveat="the same loss up to floating-point rounding; the model must be called with labels",
         )
+    # 9. deterministic algorithms off: under them some ops run another, larger way on CUDA (bilinear upsampling's
+    # decomposition, torchvision's compiled roi_align, index ops' sorts), which the trace follows
+    if torch.are_deterministic_algorithms_enabled() or torch.backends.cudnn.deterministic:
+        with _deterministic_off():
+            est = estimate(w, gpu=ctx.gpu, allocator=ctx.allocator)
+        fixes.append(_make_fix(
+            ctx, est, changes={}, allocator=None,
+            name="deterministic algorithms off",
+            knob="deterministic",
+            speed_cost="usually faster: the ops' default kernels",
+            changes_training="numerics",
+            caveat="runs are no longer bit-for-bit reproducible (torch.use_deterministic_algorithms(False); Lightning: "
+                   "Trainer(deterministic=False))",
+        ))
     return sorted(fixes, key=lambda f: -f.saving_bytes)
+
+
+@contextlib.contextmanager
+def _deterministic_off() -> Iterator[None]:
+    """PyTorch's deterministic algorithms and cuDNN's off inside, the process's settings given back after."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic)
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic = before[2]
 
 
 def _checkpoint_fixes(ctx: FixContext, facts: ModelFacts, attempt: Any) -> None:
@@ -280,7 +312,9 @@ def combine_fixes(ctx: FixContext, fixes: list[Fix]) -> Fix | None:
     if singles:
         return None  # one fix alone is enough; the table says which
     pick: dict[str, Fix] = {}
-    for f in (f for f in fixes if f.saving_bytes > 0):  # one choice per knob: the largest saving of that knob
+    # one choice per knob: the largest saving of that knob; not the process-wide deterministic setting, which the
+    # workload's fields cannot carry into the combined estimate (the table lists it alone)
+    for f in (f for f in fixes if f.saving_bytes > 0 and f.knob != "deterministic"):
         if f.knob not in pick or f.saving_bytes > pick[f.knob].saving_bytes:
             pick[f.knob] = f
     ordered = sorted(pick.values(), key=lambda f: (_COST_ORDER[f.changes_training], f.time_factor or 1.0))
