@@ -51,7 +51,8 @@ class Fix:
     """Short, imperative: ``micro-batch 2 × 4 accumulation``."""
     knob: FixKind
     changes: dict[str, Any]
-    """The Workload fields changed (``Workload.replace(**changes)`` reproduces it)."""
+    """The Workload fields changed (``Workload.replace(**changes)`` reproduces it, with ``allocator``; the
+    ``deterministic`` fix changes none: it is the process's setting)."""
     allocator: str | None
     """The ``PYTORCH_CUDA_ALLOC_CONF`` it needs, if any."""
     peak_allocated_bytes: int
