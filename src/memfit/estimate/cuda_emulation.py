@@ -35,7 +35,7 @@ import functools
 import logging
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -643,3 +643,22 @@ def cpu_only_autocast_ops(cuda_ops: tuple[str, ...]) -> tuple[str, ...]:
         if tp.has_kernel(full, "AutocastCPU"):
             names.append(name)
     return tuple(names)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool, *, cudnn_benchmark: bool | None = None) -> Iterator[None]:
+    """PyTorch's deterministic algorithms (warn only) and cuDNN's deterministic mode on or off inside, and cuDNN's
+    benchmark mode set where ``cudnn_benchmark`` is given; the process's settings given back after. The trace reads
+    them at each op (the paths CUDA takes under them: ``CudaSemantics``' decompositions, ``kernel_scratch``'s index
+    sorts and compiled ``roi_align``), so an estimate made inside is the one a process with these settings gets."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    torch.backends.cudnn.deterministic = enabled
+    if cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]

@@ -387,7 +387,7 @@ def roi_align_compiled_backward_blocks(args: Any) -> list[int]:
     # compiled path's is
     grads = [samples * grad.element_size()] * ROI_ALIGN_GRAD_COPIES
     indices = [samples * 8] * 4
-    return grads + indices + [math.ceil(samples * (INDEX_SORT_BYTES - 32))]
+    return grads + indices + [math.ceil(samples * INDEX_SORT_BYTES) - sum(indices)]  # the sort's rest
 
 
 _SORTING_OPS = frozenset({"index_put", "index_put_", "_index_put_impl_", "scatter_add", "scatter_add_",

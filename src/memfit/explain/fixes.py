@@ -7,12 +7,10 @@ estimated by the same ``estimate()`` the user runs, so a fix's predicted peak is
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
@@ -20,6 +18,7 @@ import torch
 
 from memfit.errors import MemfitError
 from memfit.estimate.allocator import AllocatorConfig
+from memfit.estimate.cuda_emulation import deterministic_algorithms
 from memfit.estimate.gpus import GpuSpec
 from memfit.estimate.predict import Estimate, estimate
 from memfit.explain.logits import logits_at_peak
@@ -235,7 +234,7 @@ def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
     # 9. deterministic algorithms off: under them some ops run another, larger way on CUDA (bilinear upsampling's
     # decomposition, torchvision's compiled roi_align, index ops' sorts), which the trace follows
     if torch.are_deterministic_algorithms_enabled() or torch.backends.cudnn.deterministic:
-        with _deterministic_off():
+        with deterministic_algorithms(False):
             est = estimate(w, gpu=ctx.gpu, allocator=ctx.allocator)
         fixes.append(_make_fix(
             ctx, est, changes={}, allocator=None,
@@ -247,20 +246,6 @@ def find_fixes(ctx: FixContext, trace: Any) -> list[Fix]:
                    "Trainer(deterministic=False))",
         ))
     return sorted(fixes, key=lambda f: -f.saving_bytes)
-
-
-@contextlib.contextmanager
-def _deterministic_off() -> Iterator[None]:
-    """PyTorch's deterministic algorithms and cuDNN's off inside, the process's settings given back after."""
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic)
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.deterministic = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.backends.cudnn.deterministic = before[2]
 
 
 def _checkpoint_fixes(ctx: FixContext, facts: ModelFacts, attempt: Any) -> None:

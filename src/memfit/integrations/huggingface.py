@@ -36,6 +36,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from memfit.errors import MissingExtraError, UsageError
+from memfit.estimate.cuda_emulation import deterministic_algorithms
 from memfit.estimate.gpus import GpuSpec, detect_gpu
 from memfit.guard import microbatch
 from memfit.guard.agreement import reduce_gradients
@@ -225,15 +226,8 @@ def _as_the_trainer_sets(args: Any) -> Iterator[None]:
     if not getattr(args, "full_determinism", False):
         yield
         return
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    try:
+    with deterministic_algorithms(True, cudnn_benchmark=False):
         yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
 
 
 # ------------------------------------------------------------------------------------------------- the guard
