@@ -34,3 +34,24 @@ draw_measurements() {
 gpu_tests() {
   gpu_test_files gpu_tests "$1" tests --ignore=tests/test_architecture.py
 }
+
+# The comma-separated names of a deterministic draw's variants: benchmarks/zoo/deterministic.py's steps of draw $1
+# ("" for the fourteenth, fresh, sixteenth, seventeenth), each with the prefix $2 (det, det2, det3, det4).
+deterministic_names() {
+  python3 benchmarks/zoo/deterministic.py ${1:+"$1"} | tr ',' '\n' | sed "s/^/$2_/" | paste -sd,
+}
+
+# calibrate_cudnn.py's families $2.. one after another within $1 seconds (150 s each at most) with the flags in
+# $GRID_FLAGS, into $OUT/calibration; their output in calibrate.log (calibrate_det.log with flags), what ran out of
+# time or failed in calibrate.log.
+cudnn_grids() {
+  local seconds=$1 start=$SECONDS left; shift
+  mkdir -p "$OUT/calibration"
+  for family in "$@"; do
+    left=$((seconds - (SECONDS - start)))
+    if [ $left -lt 30 ]; then echo "$family ${GRID_FLAGS:-}: no time left" >> "$OUT/calibration/calibrate.log"; continue; fi
+    timeout $((left < 150 ? left : 150)) python3 benchmarks/calibrate_cudnn.py ${GRID_FLAGS:-} --only "$family" \
+      --out "$OUT/calibration" >> "$OUT/calibration/calibrate${GRID_FLAGS:+_det}.log" 2>&1 \
+      || echo "$family ${GRID_FLAGS:-}: rc $?" >> "$OUT/calibration/calibrate.log"
+  done
+}

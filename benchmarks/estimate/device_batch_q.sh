@@ -11,31 +11,25 @@
 #   bash benchmarks/estimate/device_batch_q.sh draw COVERAGE_JSON KIND NAMES   # any fresh draw (see _site.sh)
 #   bash benchmarks/estimate/device_batch_q.sh tests   # the GPU tests (one GPU)
 set -u
-. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements, deterministic_names,
+# cudnn_grids
 
 case "$1" in
   deterministic)
-    names=$(python3 benchmarks/zoo/deterministic.py fresh | tr ',' '\n' | sed 's/^/det2_/' | paste -sd,)
+    names=$(deterministic_names fresh det2)
     ZOO_RESERVE_GIB=24 draw_measurements \
       benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_fresh_h200_s38.json \
       zoo_deterministic_fresh_measurements "$names" &
-    mkdir -p "$OUT/calibration"
-    start=$SECONDS
-    for family in conv_narrow conv_head_half conv_3d_half conv conv_large conv_fp32_channels conv_channels_last \
-                  conv_pointwise_half; do
-      left=$((500 - (SECONDS - start)))
-      if [ $left -lt 30 ]; then echo "$family: no time left" >> "$OUT/calibration/calibrate.log"; continue; fi
-      timeout $((left < 150 ? left : 150)) python3 benchmarks/calibrate_cudnn.py --deterministic --only "$family" --out "$OUT/calibration" \
-        >> "$OUT/calibration/calibrate.log" 2>&1 || echo "$family: rc $?" >> "$OUT/calibration/calibrate.log"
-    done
+    GRID_FLAGS=--deterministic cudnn_grids 500 conv_narrow conv_head_half conv_3d_half conv conv_large \
+      conv_fp32_channels conv_channels_last conv_pointwise_half
     wait
-    tail -n 20 "$OUT/calibration/calibrate.log"
+    tail -n 20 "$OUT"/calibration/*.log
     # a call brings back a limited number of files: one archive
     tar czf "$OUT/calibration.tar.gz" -C "$OUT" calibration && rm -rf "$OUT/calibration"
     ;;
   sixteenth)  # the sixteenth draw from its committed predictions, beside the GPU tests of the CUDA emulation and
     # the deterministic index ops' blocks (calibrate_deterministic_index.py)
-    names=$(python3 benchmarks/zoo/deterministic.py sixteenth | tr ',' '\n' | sed 's/^/det3_/' | paste -sd,)
+    names=$(deterministic_names sixteenth det3)
     ZOO_RESERVE_GIB=24 draw_measurements \
       benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_sixteenth_h200_s38.json \
       zoo_deterministic_sixteenth_measurements "$names" &

@@ -11,37 +11,25 @@
 #       # (trace_entries.py), beside the CUDA emulation's GPU tests
 #   bash benchmarks/estimate/device_batch_r.sh tests   # the GPU tests (one GPU)
 set -u
-. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements
-
-# calibrate_cudnn.py's families $2.. one after another within $1 seconds, with the flags in $GRID_FLAGS
-grids() {
-  local seconds=$1 start=$SECONDS left; shift
-  for family in "$@"; do
-    left=$((seconds - (SECONDS - start)))
-    if [ $left -lt 30 ]; then echo "$family ${GRID_FLAGS:-}: no time left" >> "$OUT/calibration/calibrate.log"; continue; fi
-    timeout $((left < 150 ? left : 150)) python3 benchmarks/calibrate_cudnn.py ${GRID_FLAGS:-} --only "$family" \
-      --out "$OUT/calibration" >> "$OUT/calibration/calibrate${GRID_FLAGS:+_det}.log" 2>&1 \
-      || echo "$family ${GRID_FLAGS:-}: rc $?" >> "$OUT/calibration/calibrate.log"
-  done
-}
+. benchmarks/estimate/_site.sh  # PYTHONPATH, $OUT/card.txt, gpu_tests, draw_measurements, deterministic_names,
+# cudnn_grids
 
 case "$1" in
   seventeenth)
-    names=$(python3 benchmarks/zoo/deterministic.py seventeenth | tr ',' '\n' | sed 's/^/det4_/' | paste -sd,)
+    names=$(deterministic_names seventeenth det4)
     ZOO_RESERVE_GIB=48 draw_measurements \
       benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_seventeenth_h200_s39.json \
       zoo_deterministic_seventeenth_measurements "$names" &
-    mkdir -p "$OUT/calibration"
     families="conv_narrow conv_head_half conv_large conv_pointwise_half"
-    GRID_FLAGS=--deterministic grids 500 $families &
-    grids 500 $families &
+    GRID_FLAGS=--deterministic cudnn_grids 500 $families &
+    cudnn_grids 500 $families &
     wait
     tail -n 5 "$OUT"/calibration/*.log
     # a call brings back a limited number of files: one archive
     tar czf "$OUT/calibration.tar.gz" -C "$OUT" calibration && rm -rf "$OUT/calibration"
     ;;
   seventeenth_rest)
-    names=$(python3 benchmarks/zoo/deterministic.py seventeenth | tr ',' '\n' | sed 's/^/det4_/' | paste -sd,)
+    names=$(deterministic_names seventeenth det4)
     ZOO_DONE=benchmarks/results/estimate/zoo_deterministic_seventeenth_measurements_h200_torch2.11_20261130 \
       ZOO_BUDGET_S=${ZOO_BUDGET_S:-300} draw_measurements \
       benchmarks/results/estimate/trace_coverage_cpu_torch2.14_20261130_deterministic_seventeenth_h200_s39.json \
